@@ -1,0 +1,69 @@
+"""How operator verbs reach the platform: a bus connection found from the
+environment (PRIMUS_NATS_URL) or from the embedded stack's ``stack.json``,
+plus reads of the owners' KV buckets and Lens's named queries."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from nats.js.errors import BucketNotFoundError, NoKeysError
+
+from libs.bus import Bus
+from libs.embedded import STACK_FILE
+from libs.settings import Settings
+
+LENS_QUERY_SUBJECT = "safe.lens.query"
+
+
+class CliError(Exception):
+    """An error for the operator: printed without a traceback, exit 1."""
+
+
+def bus_target(settings: Settings) -> tuple[str, str | None]:
+    if "PRIMUS_NATS_URL" not in os.environ:
+        stack = Path(settings.state_dir) / STACK_FILE
+        if stack.exists():
+            info = json.loads(stack.read_text())
+            return info["nats_url"], info.get("nats_token")
+    return settings.nats_url, settings.nats_token
+
+
+async def connect(settings: Settings) -> Bus:
+    url, token = bus_target(settings)
+    try:
+        return await Bus.connect(url, "cli", token=token)
+    except ConnectionError as exc:
+        raise CliError(f"{exc}") from None
+
+
+async def read_bucket(bus: Bus, bucket: str, *, missing_ok: bool = False) -> list[dict[str, Any]]:
+    try:
+        kv = await bus.kv(bucket)
+        keys = await kv.keys()
+    except NoKeysError:
+        return []
+    except BucketNotFoundError:
+        if missing_ok:
+            return []
+        raise CliError(f"no {bucket!r} bucket on this bus: no platform service has run here; "
+                       "start one with `primus-safe up`") from None
+    except Exception as exc:
+        raise CliError(f"cannot read the {bucket!r} bucket: {exc}; is the platform up?") from None
+    records = []
+    for key in sorted(keys):
+        records.append(json.loads((await kv.get(key)).value))
+    return records
+
+
+async def lens_query(bus: Bus, name: str, **params: Any) -> list[dict[str, Any]]:
+    try:
+        reply = await bus.request(LENS_QUERY_SUBJECT, {"query": name, "params": params},
+                                  timeout_s=15)
+    except Exception as exc:
+        raise CliError(f"lens-collector did not answer ({exc!r}); is it running?") from None
+    if not reply.get("ok"):
+        raise CliError(f"lens query {name!r} failed: {reply.get('error')}")
+    return [dict(zip(reply["columns"], row, strict=True)) for row in reply["rows"]]

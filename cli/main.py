@@ -1,0 +1,283 @@
+"""``primus-safe``: one entry point for every service and operator verb.
+
+Errors meant for the operator (bad files, nothing running) print one clear
+message on stderr and exit non-zero; listings take ``--json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import uuid
+from pathlib import Path
+from typing import Any
+
+from cli.client import CliError, connect, lens_query, read_bucket
+from libs.events import JobSpec, JobSubmitted, JobSubmittedData, check_key
+from libs.settings import Settings
+from libs.specs import SpecError, load_model
+
+SERVICE_VERBS = ("bootstrap", "scheduler", "bench-agent", "lens-collector", "failover")
+
+
+def _settings() -> Settings:
+    return Settings()
+
+
+# --------------------------------------------------------------------------- services
+
+
+def run_service_verb(args: argparse.Namespace) -> int:
+    from libs.service import run_service
+
+    settings = _settings()
+    node = None
+    if args.verb == "bootstrap":
+        from services.bootstrap.app import Bootstrap
+
+        if args.hosts:
+            settings = settings.model_copy(update={"hosts_file": Path(args.hosts)})
+        service: Any = Bootstrap(settings)
+    elif args.verb == "scheduler":
+        from services.scheduler.app import Scheduler
+
+        service = Scheduler(settings)
+    elif args.verb == "bench-agent":
+        from services.bench.agent import BenchAgent
+
+        node = args.node or settings.node_name
+        if not node:
+            raise CliError("bench-agent needs a node name: --node NAME or PRIMUS_NODE_NAME")
+        service = BenchAgent(settings, check_key(node, "node name"))
+    elif args.verb == "lens-collector":
+        from services.lens_collector.app import LensCollector
+
+        service = LensCollector(settings)
+    else:
+        from services.failover.app import Failover
+
+        service = Failover(settings)
+    return asyncio.run(run_service(service, settings, node=node))
+
+
+# --------------------------------------------------------------------------- verbs
+
+
+def _print(data: Any, as_json: bool, columns: list[str], title: str) -> None:
+    if as_json:
+        print(json.dumps(data, indent=2, default=str))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=title)
+    for col in columns:
+        table.add_column(col)
+    for row in data:
+        table.add_row(*[_cell(row.get(c)) for c in columns])
+    Console().print(table)
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    if isinstance(value, list | dict):
+        return json.dumps(value) if not isinstance(value, list) else ", ".join(map(str, value))
+    return str(value)
+
+
+async def submit(path: str) -> str:
+    spec = load_model(path, JobSpec)
+    if spec.workdir is None:
+        spec = spec.model_copy(update={"workdir": str(Path.cwd())})
+    job = f"{check_key(spec.name, 'job name')[:40]}-{uuid.uuid4().hex[:6]}"
+    bus = await connect(_settings())
+    try:
+        await bus.publish(JobSubmitted(source="cli", job=job, data=JobSubmittedData(spec=spec)))
+    finally:
+        await bus.close()
+    return job
+
+
+async def listing(bucket: str) -> list[dict[str, Any]]:
+    bus = await connect(_settings())
+    try:
+        return await read_bucket(bus, bucket)
+    finally:
+        await bus.close()
+
+
+def job_rows(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [{
+        "job": r["id"], "status": r["status"], "attempt": r["attempt"],
+        "workers": f"{r['spec']['workers']}x{r['spec']['gpus_per_worker']}",
+        "priority": r["spec"]["priority"], "nodes": [s["node"] for s in r["slots"]],
+        "position": r["position"] if r["status"] == "pending" else None,
+        "reason": r["reason"],
+    } for r in records]
+
+
+def node_rows(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [{
+        "node": r["spec"]["name"], "state": r["state"], "ip": r["spec"]["ip"],
+        "gpu_model": r["spec"]["gpu_model"], "gpus": r["spec"]["gpu_count"],
+        "rack": r["spec"]["labels"].get("rack", ""), "reason": r["reason"],
+    } for r in records]
+
+
+async def lens(args: argparse.Namespace) -> Any:
+    bus = await connect(_settings())
+    try:
+        if args.lens_verb == "job":
+            return {
+                "summary": (await lens_query(bus, "job_summary", job=args.id) or [{}])[0],
+                "series": await lens_query(bus, "job_series", job=args.id, limit=args.limit),
+                "checkpoints": await lens_query(bus, "job_checkpoints", job=args.id),
+            }
+        if args.lens_verb == "node":
+            return (await lens_query(bus, "node_summary", node=args.id) or [{}])[0]
+        return await lens_query(bus, "events", job=args.job or "", node=args.node or "",
+                                limit=args.limit)
+    finally:
+        await bus.close()
+
+
+def print_lens(args: argparse.Namespace, result: Any) -> None:
+    if args.json:
+        print(json.dumps(result, indent=2, default=str))
+    elif args.lens_verb == "job":
+        s = result["summary"]
+        if not s.get("samples"):
+            raise CliError(f"no telemetry for job {args.id!r} yet")
+        print(f"job {args.id}: {s['ranks']} rank(s), iterations up to {s['last_iteration']}, "
+              f"loss {s['first_loss']:.4f} -> {s['last_loss']:.4f}, "
+              f"{s['checkpoints']} checkpoint file(s), mean throughput "
+              f"{s['mean_throughput']:.1f} samples/s per rank")
+        step = max(1, len(result["series"]) // 12)
+        _print(result["series"][::step], False, ["iteration", "loss", "throughput"],
+               "loss curve (sampled)")
+    elif args.lens_verb == "node":
+        _print([result], False, list(result), f"node {args.id}")
+    else:
+        _print(result, False, ["time", "type", "node", "job", "source"], "events")
+
+
+async def health(service: str, node: str | None) -> dict[str, Any]:
+    from libs.service import health_subject
+
+    bus = await connect(_settings())
+    try:
+        return await bus.request(health_subject(service, node), timeout_s=3)
+    finally:
+        await bus.close()
+
+
+# --------------------------------------------------------------------------- parser
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="primus-safe", description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="verb", required=True)
+
+    up = sub.add_parser("up", help="run the embedded stack in the foreground")
+    up.add_argument("--nodes", type=int, default=4)
+    up.add_argument("--state-dir", default=None, help="default: PRIMUS_STATE_DIR or .primus")
+    demo = sub.add_parser("demo", help="up + onboard + train + inject a fault + recover")
+    demo.add_argument("--nodes", type=int, default=4)
+    demo.add_argument("--job", default="examples/job.yaml")
+    demo.add_argument("--state-dir", default=None)
+    demo.add_argument("--json", action="store_true", help="print the summary as JSON")
+
+    for verb in SERVICE_VERBS:
+        s = sub.add_parser(verb, help=f"run the {verb} service")
+        if verb == "bootstrap":
+            s.add_argument("--hosts", help="hosts.yaml (or PRIMUS_HOSTS_FILE)")
+        if verb == "bench-agent":
+            s.add_argument("--node", help="this node's name (or PRIMUS_NODE_NAME)")
+
+    s = sub.add_parser("submit", help="queue a job; prints its id")
+    s.add_argument("file")
+    for verb in ("jobs", "nodes", "faults"):
+        sub.add_parser(verb, help=f"the {verb} table").add_argument("--json", action="store_true")
+    s = sub.add_parser("explain", help="why a job is pending, where it runs")
+    s.add_argument("job")
+    s.add_argument("--json", action="store_true")
+    s = sub.add_parser("health", help="ask a service whether it is healthy (exit 0 if so)")
+    s.add_argument("service")
+    s.add_argument("--node")
+
+    lens_p = sub.add_parser("lens", help="telemetry and history from Lens")
+    lsub = lens_p.add_subparsers(dest="lens_verb", required=True)
+    for verb in ("job", "node"):
+        s = lsub.add_parser(verb)
+        s.add_argument("id")
+        s.add_argument("--limit", type=int, default=10000)
+        s.add_argument("--json", action="store_true")
+    s = lsub.add_parser("events")
+    s.add_argument("--job")
+    s.add_argument("--node")
+    s.add_argument("--limit", type=int, default=200)
+    s.add_argument("--json", action="store_true")
+    return p
+
+
+def dispatch(args: argparse.Namespace) -> int:
+    if args.verb in SERVICE_VERBS:
+        return run_service_verb(args)
+    if args.verb in ("up", "demo"):
+        from cli import stack_verbs
+
+        return stack_verbs.up(args) if args.verb == "up" else stack_verbs.demo(args)
+    if args.verb == "submit":
+        print(asyncio.run(submit(args.file)))
+        return 0
+    if args.verb in ("jobs", "explain"):
+        rows = job_rows(asyncio.run(listing("jobs")))
+        if args.verb == "explain":
+            rows = [r for r in rows if r["job"] == args.job]
+            if not rows:
+                raise CliError(f"no job {args.job!r}; `primus-safe jobs` lists them")
+        _print(rows if args.verb == "jobs" or args.json else rows[0], args.json,
+               list(rows[0]) if rows else [], "jobs")
+        return 0
+    if args.verb == "nodes":
+        rows = node_rows(asyncio.run(listing("nodes")))
+        _print(rows, args.json, ["node", "state", "ip", "gpu_model", "gpus", "rack", "reason"],
+               "nodes")
+        return 0
+    if args.verb == "faults":
+        rows = asyncio.run(listing("faults"))
+        _print(rows, args.json, ["fault_id", "node", "kind", "status", "jobs"], "faults")
+        return 0
+    if args.verb == "health":
+        try:
+            reply = asyncio.run(health(args.service, args.node))
+        except CliError:
+            raise
+        except Exception as exc:
+            raise CliError(f"{args.service} did not answer: {exc!r}") from None
+        print(json.dumps(reply))
+        return 0 if reply.get("ok") else 1
+    if args.verb == "lens":
+        print_lens(args, asyncio.run(lens(args)))
+        return 0
+    raise CliError(f"unknown verb {args.verb}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return dispatch(args)
+    except (CliError, SpecError) as exc:
+        print(f"primus-safe: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

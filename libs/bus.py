@@ -1,0 +1,332 @@
+"""Bus helpers over NATS JetStream: one place that knows streams, KV buckets,
+de-duplicated publishing, durable batch pull consumers and dead-lettering.
+
+Delivery is at-least-once. A consumer acks only after its handler returned
+(the effect is durable); a message that cannot be decoded or validated goes to
+``safe.dlq.<service>`` with the reason in a header, is counted, and is acked so
+it never blocks the stream; a handler that keeps failing is dead-lettered
+after ``max_deliver`` tries.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import nats
+import nats.errors
+import nats.js.errors
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+from nats.js import api
+from nats.js.kv import KeyValue
+from pydantic import ValidationError
+
+from libs.events import SUBJECT_ROOT, Event, encode_event, parse_event
+from libs.logs import get_logger
+
+DAY = 24 * 3600.0
+
+
+@dataclass(frozen=True)
+class StreamSpec:
+    name: str
+    subjects: tuple[str, ...]
+    max_age_s: float
+    duplicate_window_s: float = 120.0
+
+    def config(self) -> api.StreamConfig:
+        return api.StreamConfig(
+            name=self.name,
+            subjects=list(self.subjects),
+            storage=api.StorageType.FILE,
+            retention=api.RetentionPolicy.LIMITS,
+            max_age=self.max_age_s,
+            duplicate_window=self.duplicate_window_s,
+        )
+
+
+CONTROL = StreamSpec(
+    "CONTROL",
+    tuple(f"{SUBJECT_ROOT}.{d}.>" for d in ("node", "job", "worker", "bench", "fault")),
+    max_age_s=30 * DAY,
+)
+# ClickHouse keeps the telemetry history; the stream only buffers it.
+TELEMETRY = StreamSpec("TELEMETRY", (f"{SUBJECT_ROOT}.telemetry.>",), 1 * DAY, 30.0)
+DEADLETTER = StreamSpec("DEADLETTER", (f"{SUBJECT_ROOT}.dlq.>",), 30 * DAY)
+STREAMS: tuple[StreamSpec, ...] = (CONTROL, TELEMETRY, DEADLETTER)
+
+# Current state, each bucket written by its owner only.
+KV_BUCKETS: dict[str, str] = {
+    "nodes": "bootstrap: inventory and onboarding state per node",
+    "jobs": "scheduler: job lifecycle, placement and pending reason per job",
+    "faults": "failover: fault records",
+}
+
+HEALTH_SUBJECT = SUBJECT_ROOT + ".health.{service}"
+REASON_HEADER = "Primus-Reason"
+ORIGIN_HEADER = "Primus-Subject"
+
+
+def dlq_subject(service: str) -> str:
+    return f"{SUBJECT_ROOT}.dlq.{service}"
+
+
+EventHandler = Callable[[Event], Awaitable[None]]
+# A batch handler gets each event with its stream sequence number.
+BatchHandler = Callable[[list[tuple[Event, int]]], Awaitable[None]]
+
+
+@dataclass
+class ConsumerStats:
+    delivered: int = 0
+    handled: int = 0
+    dead_lettered: int = 0
+    dead_letter_reasons: list[str] = field(default_factory=list)
+
+
+class Bus:
+    """A connected NATS client plus JetStream context for one service."""
+
+    def __init__(self, nc: Client, service: str) -> None:
+        self.nc = nc
+        self.js = nc.jetstream()
+        self.service = service
+        self.stats = ConsumerStats()
+        self._stopping = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._log = get_logger(component="bus")
+
+    # ------------------------------------------------------------------ setup
+
+    @classmethod
+    async def connect(
+        cls, url: str, service: str, *, token: str | None = None, timeout_s: float = 10.0
+    ) -> Bus:
+        async def _error(exc: Exception) -> None:
+            get_logger(component="bus").warning("nats error", error=str(exc))
+
+        try:
+            nc = await nats.connect(
+                url,
+                name=service,
+                token=token,
+                connect_timeout=2,
+                max_reconnect_attempts=-1,
+                reconnect_time_wait=0.5,
+                error_cb=_error,
+                allow_reconnect=True,
+            )
+        except (nats.errors.NoServersError, OSError, TimeoutError) as exc:
+            raise ConnectionError(
+                f"cannot reach NATS at {url}: {exc}; start it (primus-safe up) "
+                "or set PRIMUS_NATS_URL"
+            ) from exc
+        del timeout_s
+        return cls(nc, service)
+
+    async def ensure_topology(self) -> None:
+        """Declare streams and KV buckets; safe to call from every service."""
+        for spec in STREAMS:
+            try:
+                await self.js.add_stream(spec.config())
+            except nats.js.errors.BadRequestError:
+                await self.js.update_stream(spec.config())
+        for bucket, description in KV_BUCKETS.items():
+            await self.js.create_key_value(
+                api.KeyValueConfig(bucket=bucket, description=description, history=5,
+                                   storage=api.StorageType.FILE)
+            )
+
+    async def kv(self, bucket: str) -> KeyValue:
+        return await self.js.key_value(bucket)
+
+    # ------------------------------------------------------------------ publish
+
+    async def publish(self, event: Event) -> bool:
+        """Publish durably; returns False when JetStream saw this id already."""
+        ack = await self.js.publish(
+            event.subject, encode_event(event), headers={"Nats-Msg-Id": event.id}
+        )
+        return not ack.duplicate
+
+    # ------------------------------------------------------------------ consume
+
+    def consume(
+        self,
+        *,
+        durable: str,
+        subjects: Sequence[str],
+        stream: StreamSpec,
+        handler: EventHandler | None = None,
+        batch_handler: BatchHandler | None = None,
+        batch: int = 64,
+        max_deliver: int = 5,
+        ack_wait_s: float = 30.0,
+    ) -> None:
+        """Start a durable pull consumer in the background.
+
+        Exactly one of ``handler`` (events one at a time, in stream order) and
+        ``batch_handler`` (a whole fetched batch at once) is given.
+        """
+        if (handler is None) == (batch_handler is None):
+            raise ValueError("give exactly one of handler and batch_handler")
+        task = asyncio.create_task(
+            self._consume_loop(durable, list(subjects), stream, handler, batch_handler, batch,
+                               max_deliver, ack_wait_s),
+            name=f"consume:{durable}",
+        )
+        self._tasks.append(task)
+
+    async def _consume_loop(
+        self,
+        durable: str,
+        subjects: list[str],
+        stream: StreamSpec,
+        handler: EventHandler | None,
+        batch_handler: BatchHandler | None,
+        batch: int,
+        max_deliver: int,
+        ack_wait_s: float,
+    ) -> None:
+        config = api.ConsumerConfig(
+            durable_name=durable,
+            ack_policy=api.AckPolicy.EXPLICIT,
+            deliver_policy=api.DeliverPolicy.ALL,
+            max_deliver=max_deliver + 1,  # the last delivery is dead-lettered by us
+            ack_wait=ack_wait_s,
+            filter_subjects=subjects if len(subjects) > 1 else None,
+            filter_subject=subjects[0] if len(subjects) == 1 else None,
+            max_ack_pending=max(1000, batch * 4),
+        )
+        psub = await self.js.pull_subscribe(
+            subjects[0], durable=durable, stream=stream.name,
+            config=config,
+        )
+        while not self._stopping.is_set():
+            try:
+                msgs = await psub.fetch(batch, timeout=0.5)
+            except (nats.errors.TimeoutError, TimeoutError):
+                continue
+            except (nats.errors.ConnectionClosedError, nats.errors.DrainTimeoutError):
+                return
+            except Exception as exc:  # reconnecting, leader change: wait and retry
+                self._log.warning("fetch failed", durable=durable, error=str(exc))
+                await asyncio.sleep(0.5)
+                continue
+            await self._dispatch(msgs, handler, batch_handler, max_deliver)
+
+    async def _dispatch(
+        self,
+        msgs: list[Msg],
+        handler: EventHandler | None,
+        batch_handler: BatchHandler | None,
+        max_deliver: int,
+    ) -> None:
+        self.stats.delivered += len(msgs)
+        good: list[tuple[Msg, Event]] = []
+        for msg in msgs:
+            try:
+                good.append((msg, parse_event(msg.data)))
+            except (ValidationError, ValueError) as exc:
+                await self.dead_letter(msg, f"invalid event: {_short(exc)}")
+                await msg.ack()
+        if batch_handler is not None:
+            batch = [(e, m.metadata.sequence.stream) for m, e in good]
+            await self._run(batch_handler, batch, [m for m, _ in good], max_deliver)
+        else:
+            assert handler is not None
+            for msg, event in good:
+                await self._run(handler, event, [msg], max_deliver)
+
+    async def _run(
+        self, fn: Callable[[Any], Awaitable[None]], arg: Any, msgs: list[Msg], max_deliver: int
+    ) -> None:
+        if not msgs:
+            return
+        try:
+            await fn(arg)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            self._log.exception("handler failed", subject=msgs[0].subject)
+            for msg in msgs:
+                if msg.metadata.num_delivered >= max_deliver:
+                    await self.dead_letter(msg, f"handler failed {max_deliver} times: {exc!r}")
+                    await msg.ack()
+                else:
+                    await msg.nak(delay=0.5 * msg.metadata.num_delivered)
+            return
+        for msg in msgs:
+            await msg.ack()
+        self.stats.handled += len(msgs)
+
+    async def dead_letter(self, msg: Msg, reason: str) -> None:
+        """Keep what we could not use, with why, where an operator can look."""
+        meta = msg.metadata if msg.reply else None
+        msg_id = (
+            f"dlq-{meta.stream}-{meta.sequence.stream}" if meta is not None else None
+        )
+        headers = {REASON_HEADER: reason[:1000], ORIGIN_HEADER: msg.subject}
+        if msg_id:
+            headers["Nats-Msg-Id"] = msg_id
+        await self.js.publish(dlq_subject(self.service), msg.data, headers=headers)
+        self.stats.dead_lettered += 1
+        self.stats.dead_letter_reasons = (self.stats.dead_letter_reasons + [reason])[-20:]
+        self._log.warning("dead-lettered", subject=msg.subject, reason=reason)
+
+    # ------------------------------------------------------------------ request-reply
+
+    async def serve(
+        self, subject: str, handler: Callable[[dict[str, Any]], Awaitable[dict[str, Any]]],
+        *, queue: str = "",
+    ) -> None:
+        """Answer JSON requests on a core NATS subject (health, queries)."""
+
+        async def _on(msg: Msg) -> None:
+            try:
+                request = json.loads(msg.data or b"{}")
+                if not isinstance(request, dict):
+                    raise ValueError("request must be a JSON object")
+                reply = await handler(request)
+            except Exception as exc:
+                reply = {"ok": False, "error": _short(exc)}
+            if msg.reply:
+                await msg.respond(json.dumps(reply, default=str).encode())
+
+        await self.nc.subscribe(subject, queue=queue, cb=_on)
+
+    async def request(
+        self, subject: str, body: dict[str, Any] | None = None, timeout_s: float = 5.0
+    ) -> dict[str, Any]:
+        msg = await self.nc.request(subject, json.dumps(body or {}).encode(), timeout=timeout_s)
+        return json.loads(msg.data)
+
+    # ------------------------------------------------------------------ shutdown
+
+    async def stop_consuming(self) -> None:
+        """Let every consumer finish its current batch, then stop fetching."""
+        self._stopping.set()
+        if self._tasks:
+            done, pending = await asyncio.wait(self._tasks, timeout=5)
+            for task in pending:
+                task.cancel()
+            for task in done:
+                if not task.cancelled() and task.exception() is not None:
+                    self._log.error("consumer ended with error", error=repr(task.exception()))
+        self._tasks.clear()
+
+    async def close(self) -> None:
+        """Stop consumers, then drain the connection (flushes what is pending)."""
+        await self.stop_consuming()
+        with contextlib.suppress(Exception):
+            await self.nc.drain()
+
+
+def _short(exc: BaseException) -> str:
+    text = str(exc).replace("\n", "; ")
+    return text[:500]

@@ -1,0 +1,76 @@
+"""The shell every service shares: logging, bus connection, topology,
+a health request, and a clean stop on SIGTERM/SIGINT.
+
+A service is an object with ``name``, ``async start(bus)``, ``async stop()``
+and ``health() -> dict``; ``run_service`` does the rest, so each service
+folder only holds its own wiring around its pure core.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import time
+from typing import Any, Protocol
+
+from libs.bus import HEALTH_SUBJECT, Bus
+from libs.logs import configure
+from libs.settings import Settings
+
+
+class Service(Protocol):
+    name: str
+
+    async def start(self, bus: Bus) -> None: ...
+
+    async def stop(self) -> None: ...
+
+    def health(self) -> dict[str, Any]: ...
+
+
+def health_subject(service: str, node: str | None = None) -> str:
+    return HEALTH_SUBJECT.format(service=service) + (f".{node}" if node else "")
+
+
+async def run_service(service: Service, settings: Settings, *, node: str | None = None) -> int:
+    log = configure(service.name, settings.log_level, node=node)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+
+    try:
+        bus = await Bus.connect(settings.nats_url, service.name, token=settings.nats_token)
+    except ConnectionError as exc:
+        log.error("cannot start", error=str(exc))
+        return 2
+    started = time.monotonic()
+    await bus.ensure_topology()
+
+    async def _health(_: dict[str, Any]) -> dict[str, Any]:
+        return {
+            "ok": True,
+            "service": service.name,
+            "node": node,
+            "uptime_s": round(time.monotonic() - started, 3),
+            "delivered": bus.stats.delivered,
+            "handled": bus.stats.handled,
+            "dead_lettered": bus.stats.dead_lettered,
+            **service.health(),
+        }
+
+    await bus.serve(health_subject(service.name, node), _health)
+    try:
+        await service.start(bus)
+    except Exception as exc:
+        log.exception("start failed", error=str(exc))
+        await bus.close()
+        return 1
+    log.info("started")
+    await stop.wait()
+    log.info("stopping")
+    await bus.stop_consuming()  # no handler runs while the service tears down
+    await service.stop()
+    await bus.close()
+    log.info("stopped")
+    return 0

@@ -1,0 +1,60 @@
+"""One settings model for every service, so the same code runs embedded, in
+compose and in Kubernetes: values come from ``PRIMUS_*`` environment variables
+or from a YAML file named by ``PRIMUS_SETTINGS_FILE`` (environment wins)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    YamlConfigSettingsSource,
+)
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="PRIMUS_", extra="forbid")
+
+    nats_url: str = "nats://127.0.0.1:4222"
+    nats_token: str | None = Field(default=None, description="NATS auth token (a secret)")
+    clickhouse_dsn: str = Field(
+        default="",
+        description="chdb:///abs/path for the in-process engine or http(s)://user:pw@host:8123; "
+        "empty means chdb under state_dir",
+    )
+    clickhouse_database: str = "primus"
+    state_dir: Path = Path(".primus")
+    node_name: str | None = Field(default=None, description="the node a bench agent runs on")
+    heartbeat_interval_s: float = Field(default=1.0, gt=0)
+    heartbeat_missed: int = Field(default=3, ge=1, description="missed beats that open a fault")
+    telemetry_interval_s: float = Field(default=1.0, gt=0)
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+    driver: Literal["local"] = "local"
+    hosts_file: Path | None = Field(default=None, description="bootstrap: the hosts.yaml")
+    settings_file: Path | None = None
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
+        path = os.environ.get("PRIMUS_SETTINGS_FILE")
+        if path:
+            sources.append(YamlConfigSettingsSource(settings_cls, yaml_file=path))
+        return tuple(sources)
+
+    @property
+    def store_dsn(self) -> str:
+        if self.clickhouse_dsn:
+            return self.clickhouse_dsn
+        return f"chdb://{(self.state_dir / 'clickhouse').resolve()}"

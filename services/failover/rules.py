@@ -1,0 +1,54 @@
+"""Fault detection rules (pure): no I/O, the clock is passed in.
+
+``HeartbeatMonitor`` remembers when each node last beat and answers which
+nodes are overdue: a node is down after ``missed`` intervals without a beat.
+A node that has never beaten is timed from its registration, so an agent that
+never starts is caught too. Each outage yields one fault until the node beats
+again.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class MissedHeartbeat:
+    node: str
+    last_seen: float
+    overdue_s: float
+
+
+@dataclass
+class HeartbeatMonitor:
+    interval_s: float
+    missed: int
+    last_seen: dict[str, float] = field(default_factory=dict)
+    down: set[str] = field(default_factory=set)
+
+    @property
+    def deadline_s(self) -> float:
+        return self.interval_s * self.missed
+
+    def watch(self, node: str, now: float) -> None:
+        """Start timing a node (at registration) without marking it alive."""
+        self.last_seen.setdefault(node, now)
+
+    def beat(self, node: str, at: float) -> bool:
+        """Record a beat; True when a node that was down came back."""
+        if at >= self.last_seen.get(node, float("-inf")):
+            self.last_seen[node] = at
+        if node in self.down:
+            self.down.discard(node)
+            return True
+        return False
+
+    def check(self, now: float) -> list[MissedHeartbeat]:
+        """Nodes newly overdue at ``now`` (each reported once per outage)."""
+        found = []
+        for node, seen in sorted(self.last_seen.items()):
+            overdue = now - seen
+            if node not in self.down and overdue > self.deadline_s:
+                self.down.add(node)
+                found.append(MissedHeartbeat(node, seen, overdue))
+        return found
