@@ -19,7 +19,8 @@ from libs.events import JobSpec, JobSubmitted, JobSubmittedData, check_key
 from libs.settings import Settings
 from libs.specs import SpecError, load_model
 
-SERVICE_VERBS = ("bootstrap", "scheduler", "bench-agent", "lens-collector", "failover")
+SERVICE_VERBS = ("bootstrap", "scheduler", "bench-agent", "bench-coordinator", "lens-collector",
+                 "failover")
 
 
 def _settings() -> Settings:
@@ -51,6 +52,10 @@ def run_service_verb(args: argparse.Namespace) -> int:
         if not node:
             raise CliError("bench-agent needs a node name: --node NAME or PRIMUS_NODE_NAME")
         service = BenchAgent(settings, check_key(node, "node name"))
+    elif args.verb == "bench-coordinator":
+        from services.bench.coordinator import BenchCoordinator
+
+        service = BenchCoordinator(settings)
     elif args.verb == "lens-collector":
         from services.lens_collector.app import LensCollector
 
@@ -210,6 +215,16 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("service")
     s.add_argument("--node")
 
+    bench_p = sub.add_parser("bench", help="node benchmarks and the fleet table")
+    bsub = bench_p.add_subparsers(dest="bench_verb", required=True)
+    s = bsub.add_parser("run", help="ask a node's agent to benchmark it and wait for the result")
+    s.add_argument("--node", required=True)
+    s.add_argument("--level", choices=["quick", "standard", "full"], default="quick")
+    s.add_argument("--timeout", type=float, default=300)
+    s.add_argument("--json", action="store_true")
+    s = bsub.add_parser("report", help="every node's figures against its GPU model's median")
+    s.add_argument("--json", action="store_true")
+
     lens_p = sub.add_parser("lens", help="telemetry and history from Lens")
     lsub = lens_p.add_subparsers(dest="lens_verb", required=True)
     for verb in ("job", "node"):
@@ -254,8 +269,9 @@ def dispatch(args: argparse.Namespace) -> int:
         _print(rows, args.json, ["fault_id", "node", "kind", "status", "jobs"], "faults")
         return 0
     if args.verb == "health":
+        node = args.node or (_settings().node_name if args.service == "bench-agent" else None)
         try:
-            reply = asyncio.run(health(args.service, args.node))
+            reply = asyncio.run(health(args.service, node))
         except CliError:
             raise
         except Exception as exc:
@@ -265,6 +281,10 @@ def dispatch(args: argparse.Namespace) -> int:
     if args.verb == "lens":
         print_lens(args, asyncio.run(lens(args)))
         return 0
+    if args.verb == "bench":
+        from cli import bench_verbs
+
+        return bench_verbs.run(args) if args.bench_verb == "run" else bench_verbs.report(args)
     raise CliError(f"unknown verb {args.verb}")
 
 

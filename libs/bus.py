@@ -65,9 +65,12 @@ KV_BUCKETS: dict[str, str] = {
     "nodes": "bootstrap: inventory and onboarding state per node",
     "jobs": "scheduler: job lifecycle, placement and pending reason per job",
     "faults": "failover: fault records",
+    "bench": "bench-coordinator: latest bench result per node",
 }
 
 HEALTH_SUBJECT = SUBJECT_ROOT + ".health.{service}"
+# Request-reply queries live outside every stream's subjects.
+QUERY_SUBJECT = SUBJECT_ROOT + ".query.{name}"
 REASON_HEADER = "Primus-Reason"
 ORIGIN_HEADER = "Primus-Subject"
 
@@ -99,6 +102,7 @@ class Bus:
         self.stats = ConsumerStats()
         self._stopping = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
+        self._pull_subs: list[Any] = []
         self._log = get_logger(component="bus")
 
     # ------------------------------------------------------------------ setup
@@ -111,7 +115,9 @@ class Bus:
             get_logger(component="bus").warning("nats error", error=str(exc))
 
         try:
-            nc = await nats.connect(
+            # Reconnects forever once connected, but the first connection
+            # must succeed within timeout_s so a wrong URL fails loudly.
+            nc = await asyncio.wait_for(nats.connect(
                 url,
                 name=service,
                 token=token,
@@ -120,13 +126,12 @@ class Bus:
                 reconnect_time_wait=0.5,
                 error_cb=_error,
                 allow_reconnect=True,
-            )
+            ), timeout_s)
         except (nats.errors.NoServersError, OSError, TimeoutError) as exc:
             raise ConnectionError(
                 f"cannot reach NATS at {url}: {exc}; start it (primus-safe up) "
                 "or set PRIMUS_NATS_URL"
             ) from exc
-        del timeout_s
         return cls(nc, service)
 
     async def ensure_topology(self) -> None:
@@ -207,6 +212,7 @@ class Bus:
             subjects[0], durable=durable, stream=stream.name,
             config=config,
         )
+        self._pull_subs.append(psub)
         while not self._stopping.is_set():
             try:
                 msgs = await psub.fetch(batch, timeout=0.5)
@@ -319,6 +325,11 @@ class Bus:
                 if not task.cancelled() and task.exception() is not None:
                     self._log.error("consumer ended with error", error=repr(task.exception()))
         self._tasks.clear()
+        # A pull subscription's inbox would block drain() forever: drop it first.
+        for psub in self._pull_subs:
+            with contextlib.suppress(Exception):
+                await psub.unsubscribe()
+        self._pull_subs.clear()
 
     async def close(self) -> None:
         """Stop consumers, then drain the connection (flushes what is pending)."""

@@ -26,7 +26,7 @@ from libs.drivers.local import free_port, kill_node_workers, reap_all
 from libs.inventory import HostsFile, local_hosts
 
 STACK_FILE = "stack.json"
-SERVICES = ("lens-collector", "scheduler", "failover", "bootstrap")
+SERVICES = ("lens-collector", "scheduler", "failover", "bench-coordinator", "bootstrap")
 
 
 def nats_server_binary() -> str:

@@ -18,7 +18,8 @@ KNOWN_GPU_MODELS = ("MI300X", "MI325X", "MI250X", "MI210", "H100", "H200", "A100
 class HostSpec(Frozen):
     name: str
     ip: str
-    roles: list[Literal["control-plane", "etcd", "worker"]] = Field(default_factory=lambda: ["worker"])
+    roles: list[Literal["control-plane", "etcd", "worker"]] = Field(
+        default_factory=lambda: ["worker"])
     labels: dict[str, str] = Field(default_factory=dict)
     gpu_model: str
     gpu_count: int = Field(ge=0, le=64)
@@ -42,7 +43,8 @@ class HostSpec(Frozen):
     @classmethod
     def _gpu_model(cls, value: str) -> str:
         if value not in KNOWN_GPU_MODELS:
-            raise ValueError(f"unknown GPU model {value!r}; use one of {', '.join(KNOWN_GPU_MODELS)}")
+            known = ", ".join(KNOWN_GPU_MODELS)
+            raise ValueError(f"unknown GPU model {value!r}; use one of {known}")
         return value
 
 
@@ -56,7 +58,8 @@ class HostsFile(Frozen):
             counts = Counter(getattr(n, attr) for n in self.nodes)
             dupes = sorted(v for v, c in counts.items() if c > 1)
             if dupes:
-                raise ValueError(f"duplicate node {attr}(s): {', '.join(dupes)}; each must be unique")
+                raise ValueError(
+                    f"duplicate node {attr}(s): {', '.join(dupes)}; each must be unique")
         return self
 
 

@@ -13,9 +13,19 @@ _LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARN
 
 
 def configure(service: str, level: str = "info", **bound: str | None) -> structlog.BoundLogger:
+    static = {"service": service, **{k: v for k, v in bound.items() if v is not None}}
+
+    def add_static(_: object, __: str, event: dict[str, object]) -> dict[str, object]:
+        # Also for lines logged from worker threads, which do not inherit
+        # the context variables bound in the main thread.
+        for key, value in static.items():
+            event.setdefault(key, value)
+        return event
+
     structlog.configure(
         processors=[
             structlog.contextvars.merge_contextvars,
+            add_static,
             structlog.processors.add_log_level,
             structlog.processors.TimeStamper(fmt="iso", utc=True),
             structlog.processors.format_exc_info,
@@ -26,9 +36,6 @@ def configure(service: str, level: str = "info", **bound: str | None) -> structl
         cache_logger_on_first_use=False,
     )
     structlog.contextvars.clear_contextvars()
-    structlog.contextvars.bind_contextvars(
-        service=service, **{k: v for k, v in bound.items() if v is not None}
-    )
     return structlog.get_logger()
 
 

@@ -34,7 +34,8 @@ class Settings(BaseSettings):
     heartbeat_missed: int = Field(default=3, ge=1, description="missed beats that open a fault")
     telemetry_interval_s: float = Field(default=1.0, gt=0)
     log_level: Literal["debug", "info", "warning", "error"] = "info"
-    driver: Literal["local"] = "local"
+    driver: Literal["local", "kubernetes"] = Field(
+        default="local", description="where workers run: local processes or Kubernetes pods")
     hosts_file: Path | None = Field(default=None, description="bootstrap: the hosts.yaml")
     settings_file: Path | None = None
 

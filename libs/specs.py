@@ -53,7 +53,7 @@ _HINTS = {
 }
 
 
-def format_validation(path: Path, exc: ValidationError, lines: dict[tuple[Any, ...], int]) -> list[str]:
+def format_validation(exc: ValidationError, lines: dict[tuple[Any, ...], int]) -> list[str]:
     problems = []
     for err in exc.errors():
         loc = tuple(err["loc"])
@@ -84,11 +84,13 @@ def load_model(path: str | Path, model: type[M]) -> M:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
         problem = getattr(exc, "problem", None) or str(exc)
-        raise SpecError(path, [f"{where}not valid YAML ({problem}); check indentation and quotes"]) from None
+        raise SpecError(
+            path, [f"{where}not valid YAML ({problem}); check indentation and quotes"]
+        ) from None
     if not isinstance(data, dict):
         raise SpecError(path, ["the file must be a YAML mapping (key: value lines) at the top"])
     try:
         return model.model_validate(data)
     except ValidationError as exc:
         lines = _line_map(node) if node is not None else {}
-        raise SpecError(path, format_validation(path, exc, lines)) from None
+        raise SpecError(path, format_validation(exc, lines)) from None

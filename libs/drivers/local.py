@@ -20,7 +20,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from libs.drivers.base import EventSink
-from libs.events import JobSpec, WorkerExited, WorkerExitedData, WorkerSlot, WorkerStarted, WorkerStartedData
+from libs.events import (
+    JobSpec,
+    WorkerExited,
+    WorkerExitedData,
+    WorkerSlot,
+    WorkerStarted,
+    WorkerStartedData,
+)
 from libs.logs import get_logger
 
 
@@ -154,7 +161,8 @@ def _signal_group(pid: int, sig: signal.Signals) -> None:
         os.killpg(pid, sig)
 
 
-def kill_node_workers(state_dir: Path, node: str, sig: signal.Signals = signal.SIGKILL) -> list[int]:
+def kill_node_workers(state_dir: Path, node: str,
+                      sig: signal.Signals = signal.SIGKILL) -> list[int]:
     """Kill every worker the LocalDriver started on ``node`` (a node failure)."""
     pid_dir = state_dir.resolve() / "pids" / node
     killed = []

@@ -25,7 +25,7 @@ from libs.events import (
     NodeStateChanged,
     NodeStateData,
 )
-from libs.inventory import HostSpec, HostsFile
+from libs.inventory import HostsFile, HostSpec
 from libs.logs import get_logger
 from libs.settings import Settings
 from libs.specs import load_model

@@ -29,7 +29,8 @@ QUERIES: dict[str, NamedQuery] = {
            FROM {db}.job_metrics FINAL
            WHERE job = {job:String} AND checkpoint_path IS NULL
            GROUP BY iteration ORDER BY iteration LIMIT {limit:UInt32}""",
-        {"job": "String", "limit": "UInt32"}, {"limit": 10000}, "loss and throughput per iteration"),
+        {"job": "String", "limit": "UInt32"}, {"limit": 10000},
+        "loss and throughput per iteration"),
     "job_attempts": NamedQuery(
         """SELECT attempt, min(iteration) AS first_iteration, max(iteration) AS last_iteration,
                   min(time) AS started, max(time) AS last_report

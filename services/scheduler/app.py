@@ -7,6 +7,7 @@ hands placed gangs to the cluster driver."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 from typing import Any
@@ -58,6 +59,9 @@ class Scheduler:
     async def start(self, bus: Bus) -> None:
         self.bus = bus
         self.kv = await bus.kv("jobs")
+        if self.driver is None and self.settings.driver == "kubernetes":
+            raise RuntimeError("PRIMUS_DRIVER=kubernetes: the Kubernetes driver is not part of "
+                               "this build yet; use PRIMUS_DRIVER=local")
         if self.driver is None:
             self.driver = LocalDriver(self.settings.state_dir, bus.publish,
                                       nats_url=self.settings.nats_url,
@@ -162,10 +166,9 @@ class Scheduler:
 
     async def _cycle_loop(self) -> None:
         while True:
-            try:
+            # Also re-plan once a second: retry back-offs expire with time.
+            with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._dirty.wait(), timeout=1.0)
-            except TimeoutError:
-                pass  # also re-plan periodically: retry back-offs expire
             self._dirty.clear()
             try:
                 await self.cycle()

@@ -1,0 +1,76 @@
+"""A plain FIFO first-fit scheduler, kept as the yardstick for benchmarks.
+
+Jobs in submission order (no priorities, no preemption, no quotas), each
+worker on the first ready node in name order with enough free GPUs, gangs
+all-or-nothing, a job that does not fit is skipped (greedy, so the queue
+does not stall behind it). It is what a cluster gets without a scheduler
+of its own, and what the policy's topology, packing and fairness are
+measured against. Not used by the service.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+from .model import Allocation, Job, Node, WorkerSlot
+
+
+class FirstFit:
+    """Free GPUs per node in name order; ``decide`` places one job or not."""
+
+    def __init__(self, nodes: Sequence[Node], running: Iterable[Allocation] = ()) -> None:
+        ready = sorted((n for n in nodes if n.state == "ready"), key=lambda n: n.name)
+        self.names = [n.name for n in ready]
+        self.models = [n.gpu_model for n in ready]
+        self.free = [n.gpus for n in ready]
+        self.index = {n: i for i, n in enumerate(self.names)}
+        self.total_free = sum(self.free)
+        for alloc in running:
+            for name, gpus in alloc.slots:
+                i = self.index.get(name)
+                if i is not None:
+                    self.free[i] -= gpus
+                    self.total_free -= gpus
+
+    def decide(self, job: Job) -> tuple[WorkerSlot, ...] | None:
+        need = job.workers * job.gpus_per_worker
+        if need > self.total_free:
+            return None
+        g = job.gpus_per_worker
+        models = job.gpu_models
+        chosen: list[int] = []
+        free = self.free
+        left = job.workers
+        for i, f in enumerate(free):
+            if f < g or (models and self.models[i] not in models):
+                continue
+            k = min(f // g, left)
+            chosen.extend([i] * k)
+            left -= k
+            if left == 0:
+                break
+        if left:
+            return None
+        for i in chosen:
+            free[i] -= g
+        self.total_free -= need
+        return tuple((self.names[i], g) for i in chosen)
+
+    def release(self, slots: Iterable[WorkerSlot]) -> None:
+        for name, gpus in slots:
+            i = self.index.get(name)
+            if i is not None:
+                self.free[i] += gpus
+                self.total_free += gpus
+
+
+def fifo_first_fit(nodes: Sequence[Node], running: Iterable[Allocation],
+                   pending: Iterable[Job]) -> dict[str, tuple[WorkerSlot, ...]]:
+    """Place ``pending`` in submission order; job id -> slots for those placed."""
+    ff = FirstFit(nodes, running)
+    out: dict[str, tuple[WorkerSlot, ...]] = {}
+    for job in sorted(pending, key=lambda j: (j.submitted_at, j.id)):
+        slots = ff.decide(job)
+        if slots is not None:
+            out[job.id] = slots
+    return out

@@ -1,0 +1,388 @@
+"""One scheduling cycle: the entry point the scheduler shell calls.
+
+The cycle is a short sequence of named steps (Kueue's shape):
+``snapshot`` (build the incremental view), ``order`` (queue the pending
+jobs), ``admit`` (for each job in order: place it, else let it preempt,
+else block it and hold capacity for it), ``explain`` (reason and queue
+position for every job still pending). Each job's placement is a plan that
+commits only when every gang member fits (Volcano's statement). The cycle
+is pure: ``now`` and the optional ``clock`` (for step timings) come from
+the caller.
+
+A blocked job stops its workspace's queue when the queue is ``fifo``; in a
+``balance`` queue later jobs may backfill. Either way the first blocked job
+of each queue gets a reservation (see ``reservation``) so jobs behind it and
+jobs of other queues cannot take the capacity it waits for, and a workspace
+quota keeps room for its first quota-blocked job.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from typing import TypeVar
+
+from . import explain, quota
+from .model import (
+    CycleResult,
+    Job,
+    Pending,
+    Preemption,
+    SchedulerConfig,
+    Snapshot,
+    WorkerSlot,
+    Workspace,
+)
+from .ordering import order_queue
+from .placement import Found, Shortfall, find_placement, measure
+from .preemption import eligible, select_victims
+from .request import Invalid, Request, build_request
+from .reservation import reservation_name, reserve
+from .state import (
+    NOMINATED,
+    PLACED,
+    RESERVATION,
+    RUNNING,
+    TERMINATING,
+    Alloc,
+    ClusterState,
+    Hold,
+)
+
+T = TypeVar("T")
+INF = float("inf")
+
+
+@dataclass(slots=True)
+class Outcome:
+    """What ``decide`` concluded for one job. ``reason`` is filled in by the
+    explain step for capacity codes (with the numbers as of the cycle end)."""
+
+    code: str
+    reason: str = ""
+    req: Request | None = None
+
+
+class Cycle:
+    """The state of one cycle; ``run`` does all of it, ``decide`` one job."""
+
+    def __init__(self, snapshot: Snapshot, config: SchedulerConfig, now: float, *,
+                 clock: Callable[[], float] | None = None) -> None:
+        self.config = config
+        self.now = now
+        self.step_seconds: dict[str, float] = {}
+        self._clock = clock
+        self.state = self._timed("snapshot", lambda: ClusterState.from_snapshot(
+            snapshot.nodes, snapshot.workspaces, snapshot.running))
+        self.queue: list[Job] = self._timed("order", lambda: order_queue(
+            snapshot.pending, config.priorities, (a.job.id for a in snapshot.running)))
+        self.placements: dict[str, tuple[WorkerSlot, ...]] = {}
+        self.nominations: dict[str, tuple[WorkerSlot, ...]] = {}
+        self.preemptions: list[Preemption] = []
+        self.outcomes: dict[str, Outcome] = {}
+        self._fifo_blocked: dict[str, str] = {}
+        self._reserved_ws: set[str] = set()
+        self._quota_reserved: dict[str, int] = {}
+        self._preemption_attempts = 0
+        self._failed: dict[tuple[object, ...], int] = {}
+        self._victim_pool: list[Alloc] | None = None
+        self._drains = self._carried_reservations(snapshot)
+
+    # -- the steps ------------------------------------------------------------
+
+    def run(self) -> CycleResult:
+        self.admit()
+        return self.explain()
+
+    def admit(self) -> None:
+        """Decide every queued job, in order."""
+        self._timed("admit", lambda: [self.decide(job) for job in self.queue])
+
+    def decide(self, job: Job) -> str:
+        """Nominate, place tentatively, commit or block one job; its code."""
+        outcome = self._decide(job)
+        self.outcomes[job.id] = outcome
+        return outcome.code
+
+    def explain(self) -> CycleResult:
+        """Reasons and queue positions for the jobs still pending; the result."""
+        return self._timed("explain", self._result)
+
+    def _result(self) -> CycleResult:
+        pending: dict[str, Pending] = {}
+        positions: dict[str, int] = {}
+        shortfalls: dict[object, Shortfall] = {}
+        for job in self.queue:
+            out = self.outcomes.get(job.id) or Outcome("unconsidered", "not considered yet")
+            if out.code == "placed":
+                continue
+            positions[job.workspace] = positions.get(job.workspace, 0) + 1
+            reason = out.reason or self._capacity_reason(out.req, shortfalls)
+            held = self.state.holds.get(reservation_name(job.id))
+            if held is not None:
+                reason += explain.holding(held.gpus, self._racks_of(held), held.until, self.now)
+            pending[job.id] = Pending(positions[job.workspace], reason, out.code)
+        nodes = self.state.nodes
+        reservations = {h.owner: tuple(nodes[i].name for i in sorted(h.per_node))
+                        for h in self.state.holds.values() if h.kind == RESERVATION}
+        return CycleResult(dict(self.placements), tuple(self.preemptions), pending,
+                           dict(self.nominations), reservations,
+                           tuple(j.id for j in self.queue), dict(self.step_seconds))
+
+    # -- one job --------------------------------------------------------------
+
+    def _decide(self, job: Job) -> Outcome:
+        blocker = self._fifo_blocked.get(job.workspace)
+        if blocker is not None:
+            return Outcome("fifo", explain.behind(blocker, job.workspace))
+        try:
+            req = build_request(job, self.state, self.config)
+        except Invalid as bad:
+            return Outcome(bad.code, bad.reason)
+        ws = self.state.workspaces[job.workspace]
+        never = quota.beyond(ws, req)
+        if never:
+            return Outcome("invalid", never)
+        allowed, quota_reason = quota.within(self.state, req, self._quota_reserved)
+        if allowed is not None:
+            placed = self._place(allowed)
+            if placed is not None:
+                return placed
+        preempted = self._preempt(req, ws,
+                                  quota_short=quota.short(self.state, req, self._quota_reserved))
+        if preempted is not None:
+            return preempted
+        return self._block(allowed or req, ws, quota_reason)
+
+    def _place(self, req: Request) -> Outcome | None:
+        """Free GPUs first; then GPUs held for a head job the job will have
+        left before; then GPUs that preempted jobs are releasing (wait)."""
+        st = self.state
+        need = req.need
+        free = st.free_gpus(req.models, req.pools)
+        if free >= need and not self._known_failure("free", req):
+            found = find_placement(st, req)
+            if isinstance(found, Found):
+                self._commit(req, self._steer(req, found), PLACED)
+                return Outcome("placed")
+            self._remember_failure("free", req)
+        lend: list[Hold] = []
+        runtime = req.job.expected_runtime_s
+        if runtime is not None:
+            lend = [h for h in st.holds.values()
+                    if h.kind == RESERVATION and h.until >= self.now + runtime]
+            if lend and free + sum(h.gpus for h in lend) >= need \
+                    and self._with_lent(req, lend, PLACED) is not None:
+                return Outcome("placed")
+        term = [h for h in st.holds.values() if h.kind == TERMINATING]
+        if term and free + sum(h.gpus for h in term + lend) >= need \
+                and not self._known_failure("term", req):
+            found = self._with_lent(req, term + lend, NOMINATED, waits_on=term)
+            if found is not None:
+                owners = [h.owner for h in term if not found.per_node.keys().isdisjoint(h.per_node)]
+                return Outcome("waiting", explain.waiting(owners)) if owners else Outcome("placed")
+            self._remember_failure("term", req)
+        return None
+
+    def _carried_reservations(self, snapshot: Snapshot) -> dict[str, list[int]]:
+        """Last cycle's reservations whose owner still waits: node indices."""
+        waiting = {j.id for j in self.queue}
+        index = self.state.index
+        return {owner: [index[n] for n in names if n in index]
+                for owner, names in sorted(snapshot.reservations.items()) if owner in waiting}
+
+    def _steer(self, req: Request, found: Found) -> Found:
+        """Move a placement off nodes being drained for a blocked job when
+        it fits as well (no more racks) elsewhere."""
+        avoid = {i for owner, nodes in self._drains.items()
+                 if owner != req.job.id and owner not in self.placements for i in nodes}
+        if not avoid or found.per_node.keys().isdisjoint(avoid) \
+                or self._known_failure("steer", req):
+            return found
+        with self.state.what_if():
+            for i in avoid:
+                self.state.mask(i)
+            other = find_placement(self.state, req)
+        if isinstance(other, Found):
+            return other if other.racks <= found.racks else found
+        self._remember_failure("steer", req)
+        return found
+
+    def _with_lent(self, req: Request, holds: list[Hold], kind: str, *,
+                   waits_on: Sequence[Hold] = ()) -> Found | None:
+        """Place ``req`` as if ``holds`` were free, then hold what is left.
+        The job waits (``kind``) only if it lands on ``waits_on`` nodes."""
+        st = self.state
+        with st.what_if() as plan:
+            saved = [st.unhold(h.name) for h in holds]
+            found = find_placement(st, req)
+            if not isinstance(found, Found):
+                return None
+            if waits_on and all(found.per_node.keys().isdisjoint(h.per_node) for h in waits_on):
+                kind = PLACED
+            self._commit(req, found, kind)
+            for h in saved:
+                st.hold(h.name, h.kind, h.owner,
+                        {i: min(g, st.eff_free(i)) for i, g in h.per_node.items()}, h.until)
+            plan.commit()
+        return found
+
+    def _commit(self, req: Request, found: Found, kind: str) -> None:
+        self.state.allocate(req.job, found.per_node, kind)
+        names = self.state.nodes
+        ranks = tuple((names[i].name, g) for i, g in found.ranks)
+        (self.placements if kind == PLACED else self.nominations)[req.job.id] = ranks
+
+    def _preempt(self, req: Request, ws: Workspace, *, quota_short: int) -> Outcome | None:
+        cfg, st = self.config, self.state
+        if not (cfg.preemption and ws.preemption) \
+                or self._preemption_attempts >= cfg.max_preemption_attempts:
+            return None
+        stage = ("preempt", req.priority, req.job.workspace, quota_short)
+        if self._known_failure(stage, req):
+            return None
+        candidates = [a for a in self._victims_below(req.priority)
+                      if st.allocs.get(a.job.id) is a
+                      and eligible(a, req, now=self.now, config=cfg, state=st)]
+        if not candidates:
+            self._remember_failure(stage, req)
+            return None
+        self._preemption_attempts += 1
+        with st.what_if() as plan:
+            releasing = [st.unhold(h.name) for h in list(st.holds.values())
+                         if h.kind == TERMINATING]
+            choice = select_victims(st, req, candidates, now=self.now,
+                                    priorities=cfg.priorities, fits=lambda: self._fits(req),
+                                    max_checks=cfg.max_victim_checks, quota_short=quota_short)
+            if choice is None:
+                plan.discard()
+                self._remember_failure(stage, req)
+                return None
+            for victim in choice.victims:
+                st.release(victim.job.id)
+            self._commit(req, choice.found, NOMINATED)
+            for h in releasing:
+                st.hold(h.name, h.kind, h.owner,
+                        {i: min(g, st.eff_free(i)) for i, g in h.per_node.items()}, h.until)
+            for victim in choice.victims:
+                st.hold(victim.job.id, TERMINATING, victim.job.id,
+                        {i: min(g, st.eff_free(i)) for i, g in victim.per_node.items()}, INF)
+            plan.commit()
+        ids = [v.job.id for v in choice.victims]
+        for victim in choice.victims:
+            requeue = replace(victim.job, started_at=None, preempted=True)
+            self.preemptions.append(Preemption(victim.job.id, req.job.id, requeue))
+        self._failed.clear()  # victims' GPUs moved from running to releasing
+        return Outcome("preempting", explain.preempting(ids), req)
+
+    def _fits(self, req: Request) -> Found | None:
+        allowed, _ = quota.within(self.state, req, self._quota_reserved)
+        if allowed is None:
+            return None
+        found = find_placement(self.state, allowed)
+        return found if isinstance(found, Found) else None
+
+    def _victims_below(self, priority: int) -> list[Alloc]:
+        if self._victim_pool is None:
+            prio = self.config.priorities
+            self._victim_pool = sorted(
+                (a for a in self.state.allocs.values() if a.kind == RUNNING),
+                key=lambda a: (prio.get(a.job.priority, 0), a.job.id))
+        prio = self.config.priorities
+        out = []
+        for alloc in self._victim_pool:
+            if prio.get(alloc.job.priority, 0) >= priority:
+                break
+            out.append(alloc)
+        return out
+
+    def _block(self, req: Request, ws: Workspace, quota_reason: str) -> Outcome:
+        job = req.job
+        if quota_reason:
+            out = Outcome("quota", quota_reason, req)
+            self._quota_reserved.setdefault(ws.name, req.need)
+        else:
+            owners = self._held_for(req)
+            out = (Outcome("held", explain.held(owners, self._held_until(owners), self.now), req)
+                   if owners else Outcome("capacity", "", req))
+            if ws.name not in self._reserved_ws \
+                    and len(self._reserved_ws) < self.config.max_reservations:
+                self._reserved_ws.add(ws.name)
+                reserve(self.state, req, now=self.now)
+        if ws.queue_policy == "fifo":
+            self._fifo_blocked[ws.name] = job.id
+        return out
+
+    def _held_for(self, req: Request) -> list[str]:
+        """Owners of reservations the job would fit into, if any."""
+        st = self.state
+        holds = [h for h in st.holds.values() if h.kind == RESERVATION]
+        if not holds or self._known_failure("held", req):
+            return []
+        if st.free_gpus(req.models, req.pools) + sum(h.gpus for h in holds) < req.need:
+            return []
+        with st.what_if():
+            for h in holds:
+                st.unhold(h.name)
+            found = find_placement(st, req)
+        if not isinstance(found, Found):
+            self._remember_failure("held", req)
+            return []
+        return [h.owner for h in holds if not found.per_node.keys().isdisjoint(h.per_node)]
+
+    def _held_until(self, owners: Sequence[str]) -> float:
+        holds = [self.state.holds.get(reservation_name(o)) for o in owners]
+        return min((h.until for h in holds if h is not None), default=INF)
+
+    def _capacity_reason(self, req: Request | None, cache: dict[object, Shortfall]) -> str:
+        if req is None:
+            return "not considered"
+        own = self.state.holds.get(reservation_name(req.job.id))
+        if own is not None:  # its own held GPUs are free for it
+            with self.state.what_if():
+                self.state.unhold(own.name)
+                return explain.capacity(self.state, req, measure(self.state, req))
+        key = req.shape
+        short = cache.get(key) if key is not None else None
+        if short is None:
+            short = measure(self.state, req)
+            if key is not None:
+                cache[key] = short
+        return explain.capacity(self.state, req, short)
+
+    # -- helpers --------------------------------------------------------------
+
+    def _racks_of(self, held: Hold) -> list[str]:
+        st = self.state
+        return sorted({st.nodes[i].rack or "(unlabelled)" for i in held.per_node})
+
+    def _known_failure(self, stage: object, req: Request) -> bool:
+        """Capacity only shrinks within a cycle (until a preemption), so a
+        request that failed at size n fails at any size >= n."""
+        shape = req.shape
+        if shape is None:
+            return False
+        smallest = self._failed.get((stage, shape))
+        return smallest is not None and req.units >= smallest
+
+    def _remember_failure(self, stage: object, req: Request) -> None:
+        shape = req.shape
+        if shape is not None:
+            key = (stage, shape)
+            self._failed[key] = min(self._failed.get(key, req.units), req.units)
+
+    def _timed(self, step: str, fn: Callable[[], T]) -> T:
+        if self._clock is None:
+            return fn()
+        start = self._clock()
+        value = fn()
+        self.step_seconds[step] = self._clock() - start
+        return value
+
+
+def schedule(snapshot: Snapshot, config: SchedulerConfig, now: float, *,
+             clock: Callable[[], float] | None = None) -> CycleResult:
+    """Decide one cycle over ``snapshot`` at time ``now`` (seconds)."""
+    cycle = Cycle(snapshot, config, now, clock=clock)  # steps: snapshot, order
+    cycle.admit()  # per job: place tentatively, commit | preempt | block and reserve
+    return cycle.explain()  # reasons and positions for the rest

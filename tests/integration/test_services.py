@@ -1,0 +1,102 @@
+"""Each service runs alone as ``primus-safe <service>`` against a real
+nats-server, answers its health request, keeps serving after bad input
+(dead-lettered with the reason, counted) and stops cleanly on SIGTERM."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from libs.bus import DEADLETTER, REASON_HEADER, Bus, dlq_subject
+from libs.events import JobSpec, JobSubmitted, JobSubmittedData
+from libs.service import health_subject
+from tests.helpers import ROOT
+
+SERVICES = [("bootstrap", []), ("scheduler", []), ("failover", []), ("bench-coordinator", []),
+            ("lens-collector", []), ("bench-agent", ["--node", "node-1"])]
+
+
+def start(verb: str, args: list[str], nats_url: str, tmp_path: Path,
+          **env: str) -> subprocess.Popen[bytes]:
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith("PRIMUS_")}
+    full_env.update(PRIMUS_NATS_URL=nats_url, PRIMUS_STATE_DIR=str(tmp_path / "state"),
+                    PRIMUS_CLICKHOUSE_DSN=f"chdb://{tmp_path / 'chdb'}", **env)
+    log = (tmp_path / f"{verb}.log").open("wb")
+    return subprocess.Popen([sys.executable, "-m", "cli.main", verb, *args], env=full_env,
+                            cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+
+
+async def health(bus: Bus, service: str, node: str | None = None, timeout: float = 60) -> dict:  # type: ignore[type-arg]
+    deadline = asyncio.get_running_loop().time() + timeout
+    while True:
+        try:
+            return await bus.request(health_subject(service, node), timeout_s=1)
+        except Exception:
+            if asyncio.get_running_loop().time() > deadline:
+                raise
+            await asyncio.sleep(0.2)
+
+
+@pytest.mark.parametrize(("verb", "args"), SERVICES, ids=[s for s, _ in SERVICES])
+async def test_service_runs_alone_answers_health_and_stops_on_sigterm(
+        verb: str, args: list[str], nats_url: str, bus: Bus, tmp_path: Path) -> None:
+    proc = start(verb, args, nats_url, tmp_path)
+    try:
+        reply = await health(bus, verb, "node-1" if verb == "bench-agent" else None)
+        assert reply["ok"] is True and reply["service"] == verb
+        assert reply["dead_lettered"] == 0
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        code = await asyncio.to_thread(proc.wait, 30)
+    log = (tmp_path / f"{verb}.log").read_text()
+    assert code == 0, log
+    lines = [json.loads(line) for line in log.splitlines() if line.startswith("{")]
+    assert {"started", "stopped"} <= {line["event"] for line in lines}
+    assert all(line["service"] == verb for line in lines)
+
+
+async def test_bad_message_is_dead_lettered_and_the_service_keeps_serving(
+        nats_url: str, bus: Bus, tmp_path: Path) -> None:
+    proc = start("scheduler", [], nats_url, tmp_path)
+    try:
+        await health(bus, "scheduler")
+        await bus.js.publish("safe.job.j-1.submitted", b'{"type": "job.submitted", "job": "j-1"}')
+        good = JobSubmitted(source="test", job="j-2", data=JobSubmittedData(
+            spec=JobSpec(name="ok", workers=1, command=["true"])))
+        await bus.publish(good)
+        for _ in range(100):
+            reply = await health(bus, "scheduler")
+            if reply["dead_lettered"] == 1 and reply["jobs"].get("pending") == 1:
+                break
+            await asyncio.sleep(0.1)
+        assert reply["dead_lettered"] == 1 and reply["jobs"] == {"pending": 1}
+        sub = await bus.js.pull_subscribe(dlq_subject("scheduler"), stream=DEADLETTER.name)
+        [msg] = await sub.fetch(1, timeout=2)
+        assert "invalid event" in msg.headers[REASON_HEADER]
+        reason = msg.headers[REASON_HEADER]
+        assert "data" in reason and "Field required" in reason
+        kv = await bus.kv("jobs")
+        assert json.loads((await kv.get("j-2")).value)["status"] == "pending"
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert await asyncio.to_thread(proc.wait, 30) == 0
+
+
+async def test_bootstrap_refuses_a_bad_hosts_file_before_any_effect(
+        nats_url: str, bus: Bus, tmp_path: Path) -> None:
+    hosts = tmp_path / "hosts.yaml"
+    hosts.write_text("nodes:\n  - {name: a, ip: 10.0.0.1, gpu_model: cpu, gpu_count: 1}\n"
+                     "  - {name: b, ip: nope, gpu_model: cpu, gpu_count: 1}\n")
+    proc = start("bootstrap", ["--hosts", str(hosts)], nats_url, tmp_path)
+    code = await asyncio.to_thread(proc.wait, 30)
+    out = (tmp_path / "bootstrap.log").read_text()
+    assert code == 1
+    assert "Traceback" not in out and "line 3, field 'nodes.1.ip'" in out
+    assert (await bus.js.stream_info("CONTROL")).state.messages == 0  # nothing half-applied

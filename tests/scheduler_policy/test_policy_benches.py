@@ -1,0 +1,105 @@
+"""The benchmarks' own logic: trace loading and a tiny replay of each policy."""
+
+from __future__ import annotations
+
+import csv
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+
+from services.scheduler.policy import Node
+
+BENCH = Path(__file__).resolve().parents[2] / "bench"
+
+
+def _load(name: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+trace = _load("scheduler_trace")
+scale = _load("scheduler_scale")
+
+POD_HEADER = ["name", "cpu_milli", "memory_mib", "num_gpu", "gpu_milli", "gpu_spec", "qos",
+              "pod_phase", "creation_time", "deletion_time", "scheduled_time"]
+
+
+def _write(path: Path, header: list[str], rows: list[list[object]]) -> Path:
+    with path.open("w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(header)
+        w.writerows(rows)
+    return path
+
+
+def test_trace_keeps_whole_gpu_tasks_and_maps_qos(tmp_path: Path) -> None:
+    pods = _write(tmp_path / "x_pod_list_default.csv", POD_HEADER, [
+        ["p-whole", 1, 1, 1, 1000, "", "LS", "Running", 100, 500, 100],
+        ["p-share", 1, 1, 1, 460, "", "LS", "Running", 100, 500, 100],
+        ["p-cpu", 1, 1, 0, 0, "", "BE", "Running", 100, 500, 100],
+        ["p-multi", 1, 1, 2, 500, "V100M16|V100M32", "Burstable", "Running", 200, 900, 250],
+        ["p-never", 1, 1, 4, 1000, "", "BE", "Pending", 300, 400, ""],
+        ["p-be", 1, 1, 8, 1000, "", "BE", "Failed", 300, 400, 300],
+    ])
+    tasks, skipped = trace.load_tasks(pods, speedup=10, min_runtime_s=60)
+    by = {t.job.id: t for t in tasks}
+    assert set(by) == {"p-whole", "p-multi", "p-be"}
+    assert skipped["fractional_or_cpu"] == 2 and skipped["never_scheduled"] == 1
+    assert by["p-whole"].job.priority == "high" and not by["p-whole"].job.preemptible
+    assert by["p-multi"].job.priority == "medium"
+    assert by["p-multi"].job.gpu_models == {"V100M16", "V100M32"}
+    assert by["p-multi"].arrival == 10.0 and by["p-multi"].duration == 650.0
+    assert by["p-be"].job.priority == "low" and by["p-be"].job.gpus_per_worker == 8
+
+
+def test_a_pod_list_without_times_borrows_them_by_name(tmp_path: Path) -> None:
+    _write(tmp_path / "x_pod_list_default.csv", POD_HEADER, [
+        ["p0", 1, 1, 1, 1000, "", "BE", "Running", 0, 50, 0],
+        ["p1", 1, 1, 1, 1000, "", "LS", "Running", 40, 90, 40],
+    ])
+    pods = _write(tmp_path / "x_pod_list_multigpu50.csv", POD_HEADER[:5], [
+        ["p0", 1, 1, 4, 1000], ["p1", 1, 1, 2, 1000], ["p-new", 1, 1, 8, 1000]])
+    tasks, skipped = trace.load_tasks(pods, speedup=1, min_runtime_s=0)
+    assert skipped["borrowed_times_and_qos"] == 3
+    by = {t.job.id: t for t in tasks}
+    assert by["p0"].job.gpus_per_worker == 4 and by["p0"].job.priority == "low"
+    assert by["p1"].arrival == 40.0 and by["p1"].job.priority == "high"
+    assert by["p-new"].job.gpus_per_worker == 8
+
+
+def test_racks_are_synthesised_from_sorted_names(tmp_path: Path) -> None:
+    nodes_csv = _write(tmp_path / "nodes.csv", ["sn", "cpu_milli", "memory_mib", "gpu", "model"],
+                       [[f"node-{i:02d}", 1, 1, 8, "G2"] for i in reversed(range(10))])
+    nodes = trace.load_nodes(nodes_csv, rack_size=4, fraction=1.0)
+    assert [n.rack for n in nodes] == ["rack000"] * 4 + ["rack001"] * 4 + ["rack002"] * 2
+    assert nodes[0].name == "node-00" and nodes[5].ip == "10.0.1.2"
+
+
+def test_tiny_replay_runs_every_task_under_both_policies(tmp_path: Path) -> None:
+    nodes = [Node(f"n{i}", 8, "G2", rack="r0", ip=f"10.0.0.{i + 1}") for i in range(2)]
+    pods = _write(tmp_path / "x_pod_list_default.csv", POD_HEADER, [
+        [f"p{k}", 1, 1, g, 1000, "", q, "Running", 10 * k, 10 * k + 300, 10 * k]
+        for k, (g, q) in enumerate([(8, "BE"), (8, "BE"), (4, "LS"), (2, "Burstable"),
+                                    (8, "LS"), (1, "BE")])])
+    tasks, _ = trace.load_tasks(pods, speedup=1, min_runtime_s=0)
+    for policy in (True, False):
+        m = trace.replay(nodes, tasks, policy=policy, cycle_s=10)
+        fig = trace.summarise(m, tasks)
+        assert fig["unstarted"] == 0
+        assert 0 < fig["mean_allocation"] <= 1
+    assert trace.replay(nodes, tasks, policy=True, cycle_s=10).preemptions > 0
+
+
+def test_scale_bench_measures_both_schedulers() -> None:
+    nodes = scale.build_cluster(4, 8, switches=2, seed=1)
+    pending = scale.make_jobs(200, seed=2, prefix="j-", now=1000.0, nodes=nodes)
+    snap = scale.Snapshot(nodes, scale.WORKSPACES, (), pending)
+    fig, base = scale.run_policy(snap, 1000.0), scale.run_baseline(snap)
+    assert fig["decisions"] == base["decisions"] == 200
+    assert fig["placed"] > 0 and base["placed"] > 0
+    assert fig["p99_ms"] >= fig["p50_ms"] > 0

@@ -1,0 +1,229 @@
+"""Properties of the policy over seeded random workloads (no hypothesis needed)."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import replace
+from typing import Any
+
+import pytest
+from policy_kit import NOW, check_cycle, job, rack
+from policy_random import random_snapshot
+
+from services.scheduler.policy import (
+    Allocation,
+    ClusterState,
+    Job,
+    SchedulerConfig,
+    Snapshot,
+    Workspace,
+    build_request,
+    find_placement,
+    schedule,
+)
+from services.scheduler.policy.placement import Found
+from services.scheduler.policy.preemption import eligible
+from services.scheduler.policy.state import RUNNING
+
+CONFIG = SchedulerConfig()
+
+
+@pytest.mark.parametrize("seed", range(400))
+def test_every_cycle_keeps_the_invariants(seed: int) -> None:
+    snap = random_snapshot(seed, NOW)
+    check_cycle(snap, CONFIG, schedule(snap, CONFIG, NOW))
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_decisions_do_not_depend_on_input_order(seed: int) -> None:
+    snap = random_snapshot(seed, NOW)
+    rng = random.Random(seed)
+    shuffled = Snapshot(*(rng.sample(list(x), len(x)) for x in
+                          (snap.nodes, snap.workspaces, snap.running, snap.pending)))
+    a, b = schedule(snap, CONFIG, NOW), schedule(shuffled, CONFIG, NOW)
+    assert a.placements == b.placements
+    assert a.nominations == b.nominations
+    assert a.preemptions == b.preemptions
+    assert a.pending == b.pending
+
+
+def _fingerprint(st: ClusterState) -> tuple[Any, ...]:
+    cells = [(tuple(c.hist), tuple(tuple(b) for b in c.buckets), tuple(c.cap_hist), c.free)
+             for c in st.cells]
+    return (tuple(st.free), bytes(st.masked), tuple(cells),
+            tuple(sorted((m, f) for m, f in st.model_free.items())),
+            tuple(sorted((k, a.kind, tuple(sorted(a.per_node.items())))
+                         for k, a in st.allocs.items())),
+            tuple(sorted((k, h.kind, tuple(sorted(h.per_node.items())))
+                         for k, h in st.holds.items())),
+            tuple(sorted((k, v) for k, v in st.ws_used.items() if v)),
+            tuple(sorted((k, v) for k, v in st.ws_model_used.items() if v)))
+
+
+def _assert_counters_match_nodes(st: ClusterState) -> None:
+    for cell in st.cells:
+        members = [i for i, c in enumerate(st.cell_of) if c is cell and not st.masked[i]]
+        hist = [0] * len(cell.hist)
+        for i in members:
+            hist[st.eff_free(i)] += 1
+        assert hist == cell.hist
+        assert cell.free == sum(st.eff_free(i) for i in members)
+        assert sorted(i for b in cell.buckets for i in b) == members
+
+
+def _random_ops(st: ClusterState, rng: random.Random, n: int) -> None:
+    for k in range(n):
+        op = rng.random()
+        usable = [i for i in range(len(st.nodes)) if st.usable(i) and st.eff_free(i) > 0]
+        if op < 0.35 and usable:
+            i = rng.choice(usable)
+            g = rng.randint(1, st.eff_free(i))
+            st.allocate(job(f"w{k}-{rng.random()}", 1, g), {i: g}, "placed")
+        elif op < 0.55 and st.allocs:
+            st.release(rng.choice(sorted(st.allocs)))
+        elif op < 0.7 and usable:
+            i = rng.choice(usable)
+            st.hold(f"h{k}", "reservation", "x", {i: st.eff_free(i)}, 1.0)
+        elif op < 0.8 and st.holds:
+            st.unhold(rng.choice(sorted(st.holds)))
+        elif usable:
+            st.mask(rng.choice(usable))
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_what_if_plans_undo_exactly(seed: int) -> None:
+    rng = random.Random(seed)
+    snap = random_snapshot(seed, NOW)
+    st = ClusterState.from_snapshot(snap.nodes, snap.workspaces, snap.running)
+    before = _fingerprint(st)
+    with st.what_if():
+        _random_ops(st, rng, 20)
+        middle = _fingerprint(st)
+        committed = rng.random() < 0.5
+        with st.what_if() as inner:
+            _random_ops(st, rng, 20)
+            _assert_counters_match_nodes(st)
+            if committed:
+                inner.commit()  # the outer plan now owns these changes too
+        if not committed:
+            assert _fingerprint(st) == middle
+    assert _fingerprint(st) == before
+    _random_ops(st, rng, 30)
+    _assert_counters_match_nodes(st)
+
+
+@pytest.mark.parametrize("seed", range(200))
+def test_gangs_use_the_fewest_racks(seed: int) -> None:
+    rng = random.Random(seed)
+    nodes, free_per_rack = [], []
+    for r in range(rng.randint(2, 6)):
+        size = rng.randint(1, 6)
+        nodes += rack(f"r{r}", size, switch=f"s{r % 2}")
+        free_per_rack.append(size)
+    workers = rng.randint(1, sum(free_per_rack))
+    caps = sorted(free_per_rack, reverse=True)
+    fewest = next(k for k in range(1, len(caps) + 1) if sum(caps[:k]) >= workers)
+    result = schedule(Snapshot(nodes, [Workspace("ws")], (), [job("g", workers)]), CONFIG, NOW)
+    racks = {n.split("-")[0] for n, _ in result.placements["g"]}
+    assert len(racks) == fewest
+    if fewest == 1:
+        tightest = min(c for c in free_per_rack if c >= workers)
+        assert free_per_rack[int(next(iter(racks))[1:])] == tightest
+
+
+def _fits_without(snap: Snapshot, preemptor: Job, gone: set[str]) -> bool:
+    running = [a for a in snap.running if a.job.id not in gone and not a.terminating]
+    st = ClusterState.from_snapshot(snap.nodes, snap.workspaces, running)
+    return isinstance(find_placement(st, build_request(preemptor, st, CONFIG)), Found)
+
+
+@pytest.mark.parametrize("seed", range(300))
+def test_victims_are_minimal_and_a_single_victim_is_used_when_one_suffices(seed: int) -> None:
+    snap = random_snapshot(seed, NOW)
+    spaces = {w.name: w for w in snap.workspaces}
+    for preemptor in snap.pending:
+        space = spaces.get(preemptor.workspace)
+        if space is None or space.quota_gpus is not None or space.quota_by_model:
+            continue
+        alone = Snapshot(snap.nodes, snap.workspaces, snap.running, [preemptor])
+        victims = {p.victim for p in schedule(alone, CONFIG, NOW).preemptions}
+        if not victims:
+            continue
+        assert _fits_without(snap, preemptor, victims)
+        if len(victims) == 1:
+            continue
+        for v in victims:
+            assert not _fits_without(snap, preemptor, victims - {v}), f"{v} not needed"
+        st = ClusterState.from_snapshot(snap.nodes, snap.workspaces, snap.running)
+        req = build_request(preemptor, st, CONFIG)
+        for alloc in st.allocs.values():
+            if alloc.kind == RUNNING and eligible(alloc, req, now=NOW, config=CONFIG, state=st):
+                assert not _fits_without(snap, preemptor, {alloc.job.id}), "one would do"
+
+
+# -- a virtual-time simulation: no thrash, no starvation of the highest class ----
+
+def _simulate(seed: int) -> dict[str, Any]:
+    rng = random.Random(seed)
+    nodes = rack("r1", 4) + rack("r2", 4) + rack("r3", 4, switch="s1")
+    spaces = [Workspace("ws", queue_policy=rng.choice(["fifo", "balance"]))]
+    dt, horizon = 10.0, 3000.0
+    arrivals: list[tuple[float, Job, float]] = []
+    for k in range(int(horizon / dt)):
+        if rng.random() < 0.35:
+            workers, per = rng.choice([(1, 1), (1, 2), (1, 4), (1, 8), (2, 8), (4, 8)])
+            prio = rng.choices(["low", "medium", "high"], [5, 3, 1])[0]
+            arrivals.append((k * dt, job(f"j{k}", workers, per, prio=prio, at=k * dt,
+                                         min_runtime_s=60), rng.uniform(50, 600)))
+    runtime = {j.id: r for _, j, r in arrivals}
+    arrived = {j.id: t for t, j, _ in arrivals}
+    first_start: dict[str, float] = {}
+    pending: dict[str, Job] = {}
+    live: dict[str, Allocation] = {}
+    left = dict(runtime)
+    pairs: list[tuple[str, str]] = []
+    now, i = 0.0, 0
+    while now < 50_000 and (i < len(arrivals) or pending or live):
+        while i < len(arrivals) and arrivals[i][0] <= now:
+            pending[arrivals[i][1].id] = arrivals[i][1]
+            i += 1
+        for jid, alloc in list(live.items()):
+            started = alloc.job.started_at or 0.0
+            if alloc.terminating or now - started >= left[jid]:
+                del live[jid]
+        snap = Snapshot(nodes, spaces, list(live.values()), list(pending.values()))
+        result = schedule(snap, CONFIG, now)
+        check_cycle(snap, CONFIG, result)
+        for p in result.preemptions:
+            victim = live[p.victim]
+            assert CONFIG.priorities[victim.job.priority] < \
+                CONFIG.priorities[pending[p.preemptor].priority]
+            assert now - (victim.job.started_at or 0.0) >= victim.job.min_runtime_s
+            pairs.append((p.preemptor, p.victim))
+            left[p.victim] -= now - (victim.job.started_at or 0.0)
+            live[p.victim] = replace(victim, terminating=True)
+            pending[p.victim] = p.requeue
+        for jid, slots in result.placements.items():
+            live[jid] = Allocation(replace(pending.pop(jid), started_at=now), slots)
+            first_start.setdefault(jid, now)
+        now += dt
+    return {"arrivals": arrivals, "runtime": runtime, "arrived": arrived,
+            "first_start": first_start, "pairs": pairs, "pending": pending}
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_simulation_never_thrashes_or_starves_the_highest_class(seed: int) -> None:
+    sim = _simulate(seed)
+    pairs = set(sim["pairs"])
+    assert not any((b, a) in pairs for a, b in pairs), "preemption cycle"
+    assert not sim["pending"], "queue did not drain"
+    highs = [(t, j) for t, j, _ in sim["arrivals"] if j.priority == "high"]
+    for t, j in highs:
+        ahead = sum(sim["runtime"][h.id] for s, h in highs if s <= t and h.id != j.id)
+        bound = ahead + 60 + 4 * 10.0
+        wait = sim["first_start"][j.id] - t
+        assert wait <= bound, f"high job {j.id} waited {wait:.0f}s (bound {bound:.0f}s)"
+
+
+def test_simulation_preempts_at_all() -> None:
+    assert any(_simulate(seed)["pairs"] for seed in range(12))
