@@ -105,6 +105,7 @@ def demo(args: argparse.Namespace) -> int:
             codes = stack.stop()
     # The killed node's agent died by SIGKILL; everything else must stop cleanly.
     killed = f"agent-{summary.get('killed_node')}"
+    summary["exit_codes"] = codes
     summary["clean_shutdown"] = all(code == 0 for name, code in codes.items() if name != killed)
     if args.json:
         print(json.dumps(summary, indent=2, default=str))

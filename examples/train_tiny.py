@@ -42,12 +42,21 @@ def batch(step: int, rank: int, size: int = 16, length: int = 32, vocab: int = 6
     return seq[:, :-1], seq[:, 1:]
 
 
+def stop_agreed(run: Run, distributed: bool) -> bool:
+    """Every rank stops at the same iteration: one asked, all agree."""
+    flag = torch.tensor([1.0 if run.stop_requested else 0.0])
+    if distributed:
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    return bool(flag.item())
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--iterations", type=int, default=60)
     args = parser.parse_args()
 
     run = Run.from_env()
+    run.handle_preemption()
     distributed = run.world_size > 1
     if distributed:
         dist.init_process_group("gloo", rank=run.rank, world_size=run.world_size)
@@ -81,6 +90,12 @@ def main() -> int:
             return 3
         run.report(iteration, loss=value, throughput=tokens.size(0) / step_time,
                    step_time_s=step_time)
+        if stop_agreed(run, distributed):
+            # Preempted or stopped: keep this step's work, then leave cleanly.
+            run.save_checkpoint(iteration, {"model": model.state_dict(),
+                                            "optimizer": optimizer.state_dict()})
+            print(f"stopped at iteration {iteration} after a checkpoint", flush=True)
+            break
         if run.should_checkpoint(iteration):
             run.save_checkpoint(iteration, {"model": model.state_dict(),
                                             "optimizer": optimizer.state_dict()})
@@ -88,8 +103,9 @@ def main() -> int:
         dist.barrier()
         dist.destroy_process_group()
     run.close()
-    print(f"done: {args.iterations} iterations (from {start}), final loss {value:.4f}, "
-          f"dropped samples {run.dropped}", flush=True)
+    if not run.stop_requested:
+        print(f"done: {args.iterations} iterations (from {start}), final loss {value:.4f}, "
+              f"dropped samples {run.dropped}", flush=True)
     return 0
 
 

@@ -28,6 +28,7 @@ from pydantic import ValidationError
 
 from libs.events import SUBJECT_ROOT, Event, encode_event, parse_event
 from libs.logs import get_logger
+from libs.pull import Puller
 
 DAY = 24 * 3600.0
 
@@ -52,7 +53,9 @@ class StreamSpec:
 
 CONTROL = StreamSpec(
     "CONTROL",
-    tuple(f"{SUBJECT_ROOT}.{d}.>" for d in ("node", "job", "worker", "bench", "fault")),
+    tuple(f"{SUBJECT_ROOT}.{d}.>" for d in ("node", "job", "worker", "bench", "fault"))
+    # Lens alerts only: safe.lens.query is request-reply and must stay out.
+    + (f"{SUBJECT_ROOT}.lens.alert.>",),
     max_age_s=30 * DAY,
 )
 # ClickHouse keeps the telemetry history; the stream only buffers it.
@@ -82,6 +85,10 @@ def dlq_subject(service: str) -> str:
 EventHandler = Callable[[Event], Awaitable[None]]
 # A batch handler gets each event with its stream sequence number.
 BatchHandler = Callable[[list[tuple[Event, int]]], Awaitable[None]]
+# A raw batch handler decodes messages itself and returns those it refuses,
+# each with the reason (they are dead-lettered); the rest are acked.
+RawBatchHandler = Callable[[list[Msg]], Awaitable[list[tuple[Msg, str]]]]
+_ACK = b"+ACK"
 
 
 @dataclass
@@ -180,24 +187,49 @@ class Bus:
         """
         if (handler is None) == (batch_handler is None):
             raise ValueError("give exactly one of handler and batch_handler")
-        task = asyncio.create_task(
-            self._consume_loop(durable, list(subjects), stream, handler, batch_handler, batch,
-                               max_deliver, ack_wait_s),
-            name=f"consume:{durable}",
-        )
-        self._tasks.append(task)
 
-    async def _consume_loop(
+        async def on_msgs(msgs: list[Msg]) -> None:
+            await self._dispatch(msgs, handler, batch_handler, max_deliver)
+
+        self._start_consumer(durable, list(subjects), stream, on_msgs, batch=batch,
+                             fill_s=0.0, max_deliver=max_deliver, ack_wait_s=ack_wait_s,
+                             inflight=1)
+
+    def consume_raw(
         self,
+        *,
         durable: str,
-        subjects: list[str],
+        subjects: Sequence[str],
         stream: StreamSpec,
-        handler: EventHandler | None,
-        batch_handler: BatchHandler | None,
-        batch: int,
-        max_deliver: int,
-        ack_wait_s: float,
+        handler: RawBatchHandler,
+        batch: int = 1000,
+        fill_s: float = 0.2,
+        max_deliver: int = 5,
+        ack_wait_s: float = 30.0,
+        inflight: int = 2,
     ) -> None:
+        """A durable pull consumer for hot paths that decode messages themselves.
+
+        Fetches up to ``batch`` messages, waiting at most ``fill_s`` for a batch
+        to fill, and runs up to ``inflight`` handler calls at once (so decoding
+        the next batch overlaps storing this one). The handler returns the
+        messages it refuses, with the reason: those are dead-lettered; every
+        other message is acked once the handler returned. Replicas that use
+        the same ``durable`` share the consumer (a queue group).
+        """
+
+        async def on_msgs(msgs: list[Msg]) -> None:
+            self.stats.delivered += len(msgs)
+            await self._run_raw(handler, msgs, max_deliver)
+
+        self._start_consumer(durable, list(subjects), stream, on_msgs, batch=batch,
+                             fill_s=fill_s, max_deliver=max_deliver, ack_wait_s=ack_wait_s,
+                             inflight=inflight)
+
+    def _start_consumer(self, durable: str, subjects: list[str], stream: StreamSpec,
+                        on_msgs: Callable[[list[Msg]], Awaitable[None]], *, batch: int,
+                        fill_s: float, max_deliver: int, ack_wait_s: float,
+                        inflight: int) -> None:
         config = api.ConsumerConfig(
             durable_name=durable,
             ack_policy=api.AckPolicy.EXPLICIT,
@@ -206,25 +238,65 @@ class Bus:
             ack_wait=ack_wait_s,
             filter_subjects=subjects if len(subjects) > 1 else None,
             filter_subject=subjects[0] if len(subjects) == 1 else None,
-            max_ack_pending=max(1000, batch * 4),
+            max_ack_pending=max(1000, batch * (inflight + 3)),
         )
-        psub = await self.js.pull_subscribe(
-            subjects[0], durable=durable, stream=stream.name,
-            config=config,
+        task = asyncio.create_task(
+            self._consume_loop(durable, stream, config, on_msgs, batch, fill_s, inflight),
+            name=f"consume:{durable}",
         )
-        self._pull_subs.append(psub)
-        while not self._stopping.is_set():
+        self._tasks.append(task)
+
+    async def _consume_loop(
+        self,
+        durable: str,
+        stream: StreamSpec,
+        config: api.ConsumerConfig,
+        on_msgs: Callable[[list[Msg]], Awaitable[None]],
+        batch: int,
+        fill_s: float,
+        inflight: int,
+    ) -> None:
+        try:
+            await self.js.add_consumer(stream.name, config)
+        except nats.js.errors.APIError as exc:  # exists with other settings: use it
+            self._log.warning("consumer kept as it was", durable=durable, error=str(exc))
+        puller = Puller(self.nc, stream.name, durable)
+        await puller.start()
+        self._pull_subs.append(puller)
+        slots = asyncio.Semaphore(inflight)
+        running: set[asyncio.Task[None]] = set()
+
+        async def handle(msgs: list[Msg]) -> None:
             try:
-                msgs = await psub.fetch(batch, timeout=0.5)
-            except (nats.errors.TimeoutError, TimeoutError):
-                continue
-            except (nats.errors.ConnectionClosedError, nats.errors.DrainTimeoutError):
-                return
-            except Exception as exc:  # reconnecting, leader change: wait and retry
-                self._log.warning("fetch failed", durable=durable, error=str(exc))
-                await asyncio.sleep(0.5)
-                continue
-            await self._dispatch(msgs, handler, batch_handler, max_deliver)
+                await on_msgs(msgs)
+            finally:
+                slots.release()
+
+        try:
+            while not self._stopping.is_set():
+                await slots.acquire()
+                try:
+                    msgs = await puller.fetch(batch, timeout_s=0.5, fill_s=fill_s)
+                except (nats.errors.ConnectionClosedError, nats.errors.DrainTimeoutError):
+                    slots.release()
+                    return
+                except Exception as exc:  # reconnecting, leader change: wait and retry
+                    slots.release()
+                    self._log.warning("fetch failed", durable=durable, error=str(exc))
+                    await asyncio.sleep(0.5)
+                    continue
+                if not msgs:
+                    slots.release()
+                    continue
+                if inflight == 1:
+                    await handle(msgs)
+                else:
+                    task = asyncio.create_task(handle(msgs))
+                    running.add(task)
+                    task.add_done_callback(running.discard)
+        finally:
+            if running:  # let batches in flight finish: their effect is durable, ack it
+                await asyncio.gather(*running, return_exceptions=True)
 
     async def _dispatch(
         self,
@@ -259,17 +331,35 @@ class Bus:
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            self._log.exception("handler failed", subject=msgs[0].subject)
-            for msg in msgs:
-                if msg.metadata.num_delivered >= max_deliver:
-                    await self.dead_letter(msg, f"handler failed {max_deliver} times: {exc!r}")
-                    await msg.ack()
-                else:
-                    await msg.nak(delay=0.5 * msg.metadata.num_delivered)
+            await self._failed(msgs, exc, max_deliver)
             return
         for msg in msgs:
             await msg.ack()
         self.stats.handled += len(msgs)
+
+    async def _run_raw(self, fn: RawBatchHandler, msgs: list[Msg], max_deliver: int) -> None:
+        try:
+            refused = await fn(msgs)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            await self._failed(msgs, exc, max_deliver)
+            return
+        for msg, reason in refused:
+            await self.dead_letter(msg, reason)
+        publish = self.nc.publish
+        for msg in msgs:  # the ack of Msg.ack(), without its per-message checks
+            await publish(msg.reply, _ACK)
+        self.stats.handled += len(msgs) - len(refused)
+
+    async def _failed(self, msgs: list[Msg], exc: Exception, max_deliver: int) -> None:
+        self._log.exception("handler failed", subject=msgs[0].subject, error=repr(exc))
+        for msg in msgs:
+            if msg.metadata.num_delivered >= max_deliver:
+                await self.dead_letter(msg, f"handler failed {max_deliver} times: {exc!r}")
+                await msg.ack()
+            else:
+                await msg.nak(delay=0.5 * msg.metadata.num_delivered)
 
     async def dead_letter(self, msg: Msg, reason: str) -> None:
         """Keep what we could not use, with why, where an operator can look."""
@@ -326,9 +416,9 @@ class Bus:
                     self._log.error("consumer ended with error", error=repr(task.exception()))
         self._tasks.clear()
         # A pull subscription's inbox would block drain() forever: drop it first.
-        for psub in self._pull_subs:
+        for puller in self._pull_subs:
             with contextlib.suppress(Exception):
-                await psub.unsubscribe()
+                await puller.stop()
         self._pull_subs.clear()
 
     async def close(self) -> None:

@@ -52,6 +52,8 @@ class Event(Frozen):
     """The envelope every event shares."""
 
     subject_template: ClassVar[str]
+    # High-rate events leave unset (None) readings out of their JSON.
+    compact_json: ClassVar[bool] = False
 
     id: str = Field(default_factory=new_event_id, description="unique; also the Nats-Msg-Id")
     type: str
@@ -129,12 +131,32 @@ class NodeHeartbeat(Event):
 # --------------------------------------------------------------------------- bench
 
 BenchLevel = Literal["quick", "standard", "full"]
+BenchOutcome = Literal["healthy", "degraded", "failed"]
+
+
+class BenchRendezvous(Frozen):
+    """Where the agents of a multi-node test meet (torch.distributed TCP store).
+
+    Every node in ``nodes`` gets a request with the same rendezvous; a node's
+    index in ``nodes`` is its node rank, the first node hosts the store."""
+
+    session: str = Field(description="shared by every request of one multi-node test")
+    nodes: list[str] = Field(min_length=2, description="node rank order; nodes[0] is the master")
+    master_addr: str
+    master_port: int = Field(ge=1, le=65535)
+    ranks_per_node: int = Field(default=1, ge=1, le=64)
+    timeout_s: float = Field(default=120.0, gt=0)
+    purpose: str = Field(default="", description="e.g. 'pair with healthy partner', 'split search'")
 
 
 class BenchRequestData(Frozen):
     level: BenchLevel = "quick"
     reason: str = ""
     expected_devices: int | None = Field(default=None, ge=0, description="from the inventory")
+    attempt: int = Field(default=1, ge=1, description="2 when repeating a failed run")
+    retry_of: str | None = Field(default=None, description="id of the request this one repeats")
+    rendezvous: BenchRendezvous | None = Field(
+        default=None, description="set: run only the multi-node collective with these nodes")
 
 
 class BenchRequest(Event):
@@ -152,6 +174,14 @@ class Figure(Frozen):
     unit: str
 
 
+class BenchCheck(Frozen):
+    """One pass/fail check of a bench run or health probe."""
+
+    name: str
+    status: Literal["ok", "failed", "unavailable", "skipped"]
+    detail: str = ""
+
+
 class BenchResultData(Frozen):
     level: BenchLevel
     request_id: str | None = Field(default=None, description="id of the bench.request")
@@ -163,6 +193,18 @@ class BenchResultData(Frozen):
     dtype: str = "fp32"
     figures: list[Figure] = Field(default_factory=list)
     duration_s: float = Field(ge=0)
+    outcome: BenchOutcome | None = Field(
+        default=None, description="healthy, degraded or failed; failed only after a repeat")
+    attempt: int = Field(default=1, ge=1)
+    retry_of: str | None = Field(default=None, description="id of the request this run repeats")
+    judged_by: Literal["agent", "coordinator"] = Field(
+        default="agent", description="coordinator: the fleet-relative verdict on a node's run")
+    verdict_of: str | None = Field(default=None, description="id of the bench.result judged")
+    trigger: Literal["request", "probe"] = Field(
+        default="request", description="probe: a periodic health check failed repeatedly")
+    checks: list[BenchCheck] = Field(default_factory=list)
+    session: str | None = Field(default=None, description="rendezvous session of a multi-node test")
+    peers: list[str] = Field(default_factory=list, description="nodes of a multi-node test")
 
 
 class BenchResult(Event):
@@ -189,6 +231,13 @@ class JobSpec(Frozen):
     gpu_model: str | None = None
     max_retry: int = Field(default=3, ge=0, le=50)
     checkpoint_interval: int = Field(default=50, ge=1, description="iterations between checkpoints")
+    min_runtime_s: float = Field(default=0.0, ge=0, description="never preempted before this")
+    preemptible: bool = True
+    unit_workers: int = Field(default=1, ge=1, description="ranks per parallelism unit (TP x PP)")
+    unit_scope: Literal["node", "rack"] = Field(
+        default="node", description="a unit never straddles this boundary")
+    expected_runtime_s: float | None = Field(
+        default=None, gt=0, description="an estimate; lets the job backfill into held capacity")
 
 
 class JobSubmittedData(Frozen):
@@ -221,8 +270,9 @@ class JobPlaced(Event):
 
 
 class JobPendingData(Frozen):
-    position: int = Field(ge=1)
+    position: int = Field(ge=1, description="1 = next in its workspace's queue")
     reason: str
+    code: str = Field(default="", description="capacity, quota, fifo, held, waiting, ...")
 
 
 class JobPending(Event):
@@ -230,6 +280,22 @@ class JobPending(Event):
     type: Literal["job.pending"] = "job.pending"
     job: str
     data: JobPendingData
+
+
+class JobPreemptedData(Frozen):
+    attempt: int = Field(ge=1)
+    preemptor: str = Field(description="the higher-priority job that needs the GPUs")
+    grace_s: float = Field(ge=0, description="time given to checkpoint before a hard stop")
+
+
+class JobPreempted(Event):
+    """A running job is asked to checkpoint and stop for a higher-priority
+    one; it is queued again at the head of its class, retries untouched."""
+
+    subject_template = "{root}.job.{job}.preempted"
+    type: Literal["job.preempted"] = "job.preempted"
+    job: str
+    data: JobPreemptedData
 
 
 class JobEndedData(Frozen):
@@ -304,12 +370,49 @@ class FaultOpened(Event):
 
 
 class GpuMetrics(Frozen):
+    """One GPU at one moment. Every reading but the index is optional: no
+    tool reports everything on every GPU, and a missing reading is NULL in
+    Lens, never zero."""
+
     index: int = Field(ge=0)
     util_pct: float | None = None
     vram_used_bytes: int | None = None
     vram_total_bytes: int | None = None
-    temp_c: float | None = None
+    temp_c: float | None = Field(default=None, description="edge (primary) temperature")
     power_w: float | None = None
+    temp_junction_c: float | None = Field(default=None, description="hottest spot")
+    temp_hbm_c: float | None = Field(default=None, description="memory (HBM/VRAM)")
+    power_cap_w: float | None = None
+    sclk_mhz: float | None = Field(default=None, description="graphics/SM clock")
+    mclk_mhz: float | None = Field(default=None, description="memory clock")
+    ecc_correctable: int | None = Field(default=None, ge=0)
+    ecc_uncorrectable: int | None = Field(default=None, ge=0)
+    pcie_rx_bytes_s: float | None = Field(default=None, ge=0)
+    pcie_tx_bytes_s: float | None = Field(default=None, ge=0)
+    xgmi_rx_bytes_s: float | None = Field(default=None, ge=0)
+    xgmi_tx_bytes_s: float | None = Field(default=None, ge=0)
+
+
+class NicMetrics(Frozen):
+    """One network interface; ``rdma`` marks an InfiniBand/RoCE port
+    (counters from /sys/class/infiniband)."""
+
+    name: str
+    rx_bytes_s: float = Field(ge=0)
+    tx_bytes_s: float = Field(ge=0)
+    rdma: bool = False
+
+
+class DiskMetrics(Frozen):
+    name: str
+    read_bytes_s: float = Field(ge=0)
+    write_bytes_s: float = Field(ge=0)
+
+
+class FsMetrics(Frozen):
+    mount: str
+    free_bytes: int = Field(ge=0)
+    total_bytes: int = Field(ge=0)
 
 
 class NodeTelemetryData(Frozen):
@@ -318,10 +421,17 @@ class NodeTelemetryData(Frozen):
     mem_total_bytes: int = Field(ge=0)
     load1: float = Field(ge=0)
     gpus: list[GpuMetrics] = Field(default_factory=list)
+    gpu_tool: str | None = Field(default=None, description="amd-smi, rocm-smi, nvidia-smi, sysfs")
+    nics: list[NicMetrics] = Field(default_factory=list)
+    disks: list[DiskMetrics] = Field(default_factory=list)
+    filesystems: list[FsMetrics] = Field(default_factory=list)
 
 
 class NodeTelemetry(Event):
+    """One message per node per interval, holding all its GPUs."""
+
     subject_template = "{root}.telemetry.node.{node}"
+    compact_json = True
     type: Literal["telemetry.node"] = "telemetry.node"
     node: str
     data: NodeTelemetryData
@@ -335,13 +445,68 @@ class JobTelemetryData(Frozen):
     throughput: float | None = Field(default=None, description="samples per second")
     step_time_s: float | None = None
     checkpoint_path: str | None = Field(default=None, description="set when a checkpoint was saved")
+    loss_nonfinite: Literal["nan", "inf", "-inf"] | None = Field(
+        default=None, description="the loss was not a number (JSON cannot carry it); loss is null")
+    grad_norm: float | None = None
+    tokens_per_s: float | None = Field(default=None, ge=0)
+    checkpoint_bytes: int | None = Field(default=None, ge=0)
+    checkpoint_duration_s: float | None = Field(default=None, ge=0)
+    dropped: int | None = Field(default=None, ge=0,
+                                description="samples this rank dropped so far (buffer full)")
 
 
 class JobTelemetry(Event):
     subject_template = "{root}.telemetry.job.{job}"
+    compact_json = True
     type: Literal["telemetry.job"] = "telemetry.job"
     job: str
     data: JobTelemetryData
+
+
+class LogRecordData(Frozen):
+    level: str
+    message: str
+    service: str = ""
+    fields: dict[str, Any] = Field(default_factory=dict, description="the rest of the log line")
+
+
+class LogRecord(Event):
+    """A structlog line shipped over the bus; node and job ids ride in the
+    envelope so logs join metrics and events."""
+
+    subject_template = "{root}.telemetry.log"
+    compact_json = True
+    type: Literal["log.record"] = "log.record"
+    data: LogRecordData
+
+
+AlertState = Literal["open", "closed"]
+
+
+class LensAlertData(Frozen):
+    alert_id: str = Field(description="the same for the open and the close of one alert")
+    rule: str = Field(description="e.g. gpu_temp_high, job_hang, loss_nonfinite")
+    state: AlertState
+    severity: Literal["info", "warning", "critical"] = "warning"
+    subject_key: str = Field(description="what the alert is about: node, node/gpu or job")
+    gpu: int | None = Field(default=None, ge=0)
+    value: float | None = None
+    threshold: float | None = None
+    message: str = ""
+    opened_at: datetime
+
+
+class LensAlert(Event):
+    """Lens opened or closed an alert. Subject ``safe.lens.alert.<job or node>``
+    (``safe.lens.query`` stays outside every stream)."""
+
+    subject_template = "{root}.lens.alert.{node}"
+    type: Literal["lens.alert"] = "lens.alert"
+    data: LensAlertData
+
+    @property
+    def subject(self) -> str:
+        return f"{SUBJECT_ROOT}.lens.alert.{self.job or self.node or '_'}"
 
 
 EVENT_TYPES: tuple[type[Event], ...] = (
@@ -353,6 +518,7 @@ EVENT_TYPES: tuple[type[Event], ...] = (
     JobSubmitted,
     JobPlaced,
     JobPending,
+    JobPreempted,
     JobCompleted,
     JobFailed,
     WorkerStarted,
@@ -360,6 +526,8 @@ EVENT_TYPES: tuple[type[Event], ...] = (
     FaultOpened,
     NodeTelemetry,
     JobTelemetry,
+    LogRecord,
+    LensAlert,
 )
 
 AnyEvent = Annotated[
@@ -371,13 +539,16 @@ AnyEvent = Annotated[
     | JobSubmitted
     | JobPlaced
     | JobPending
+    | JobPreempted
     | JobCompleted
     | JobFailed
     | WorkerStarted
     | WorkerExited
     | FaultOpened
     | NodeTelemetry
-    | JobTelemetry,
+    | JobTelemetry
+    | LogRecord
+    | LensAlert,
     Field(discriminator="type"),
 ]
 
@@ -390,7 +561,7 @@ def parse_event(payload: bytes | str) -> Event:
 
 
 def encode_event(event: Event) -> bytes:
-    return event.model_dump_json().encode()
+    return event.model_dump_json(exclude_none=event.compact_json).encode()
 
 
 def event_type_name(cls: type[Event]) -> str:

@@ -147,6 +147,22 @@ class Run:
 
     # ------------------------------------------------------------------ checkpoints
 
+    # ------------------------------------------------------------------ preemption
+
+    def handle_preemption(self) -> None:
+        """Turn SIGTERM (preemption, a gang stop) into ``stop_requested`` so
+        the training loop can checkpoint and exit cleanly instead of dying."""
+        import signal
+
+        self.stop_requested = False
+
+        def _on_term(_signum: int, _frame: object) -> None:
+            self.stop_requested = True
+
+        signal.signal(signal.SIGTERM, _on_term)
+
+    stop_requested: bool = False
+
     def should_checkpoint(self, iteration: int) -> bool:
         return iteration > 0 and iteration % self.checkpoint_interval == 0
 

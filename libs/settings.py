@@ -33,10 +33,19 @@ class Settings(BaseSettings):
     heartbeat_interval_s: float = Field(default=1.0, gt=0)
     heartbeat_missed: int = Field(default=3, ge=1, description="missed beats that open a fault")
     telemetry_interval_s: float = Field(default=1.0, gt=0)
+    k8s_namespace: str = "default"
+    k8s_image: str | None = Field(default=None, description="training image (kubernetes driver)")
+    k8s_gpu_resource: str = "amd.com/gpu"
+    k8s_checkpoint_pvc: str | None = None
+    k8s_service_account: str | None = None
+    k8s_master_port: int = 29500
+    k8s_nats_token_secret: str | None = None
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     driver: Literal["local", "kubernetes"] = Field(
         default="local", description="where workers run: local processes or Kubernetes pods")
     hosts_file: Path | None = Field(default=None, description="bootstrap: the hosts.yaml")
+    scheduler_config: Path | None = Field(
+        default=None, description="scheduler: workspaces, priorities, preemption (YAML)")
     settings_file: Path | None = None
 
     @classmethod

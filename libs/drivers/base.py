@@ -16,10 +16,18 @@ EventSink = Callable[[Event], Awaitable[None]]
 
 class ClusterDriver(Protocol):
     async def launch(self, job: str, attempt: int, spec: JobSpec, slots: list[WorkerSlot]) -> None:
-        """Start every worker of the gang; report each start and exit to the sink."""
+        """Start every worker of the gang that is not started yet (idempotent
+        per attempt and rank); report each start and exit to the sink."""
 
     async def stop(self, job: str, *, grace_s: float = 10.0) -> None:
         """Stop every worker of the job: SIGTERM, then SIGKILL after the grace period."""
+
+    async def adopt(self) -> int:
+        """After a restart, pick up workers started by an earlier instance so
+        their exits are still reported; returns how many."""
+
+    async def detach(self) -> None:
+        """Stop watching, leave workers running (the next instance adopts them)."""
 
     async def close(self) -> None:
         """Stop everything this driver started."""

@@ -1,6 +1,10 @@
 """LocalDriver: "nodes" are names on this machine and workers are real
 subprocesses, so the whole platform runs on a laptop with real training.
 
+Each worker runs under a small supervisor (``local_worker``) that forwards
+SIGTERM and records the exit code in a file, so a restarted scheduler can
+adopt workers that outlived it and still learn how they ended.
+
 Every worker gets the torchrun-style environment (MASTER_ADDR, MASTER_PORT,
 WORLD_SIZE, RANK, LOCAL_RANK) plus the PRIMUS_* variables the training SDK
 reads. Each worker runs in its own session (process group), its pid is kept in
@@ -16,10 +20,12 @@ import os
 import signal
 import socket
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from libs.drivers.base import EventSink
+from libs.drivers.local_worker import write_atomic, write_exit
 from libs.events import (
     JobSpec,
     WorkerExited,
@@ -29,6 +35,9 @@ from libs.events import (
     WorkerStartedData,
 )
 from libs.logs import get_logger
+
+# How long a relaunch waits for a rank that an earlier driver was starting.
+INTENT_WAIT_S = 5.0
 
 
 def free_port() -> int:
@@ -43,8 +52,10 @@ class _Worker:
     attempt: int
     rank: int
     node: str
-    proc: asyncio.subprocess.Process
+    pid: int
     pid_file: Path
+    exit_file: Path
+    proc: asyncio.subprocess.Process | None = None  # None when adopted after a restart
     watcher: asyncio.Task[None] | None = None
 
 
@@ -89,47 +100,121 @@ class LocalDriver:
         head, *rest = spec.command
         return [sys.executable if head in ("python", "python3") else head, *rest]
 
+    def _exit_file(self, job: str, attempt: int, rank: int) -> Path:
+        return self.state_dir / "exits" / f"{job}-a{attempt}-r{rank}"
+
+    def _launched_ranks(self, job: str, attempt: int) -> set[int]:
+        """Ranks of this attempt that started: alive (pid file) or ended (exit file)."""
+        ranks = {w.rank for w in self._workers.get(job, []) if w.attempt == attempt}
+        ranks |= {int(p.name.rsplit("-r", 1)[1])
+                  for p in (self.state_dir / "exits").glob(f"{job}-a{attempt}-r*")
+                  if not p.name.startswith(".")}
+        return ranks
+
+    async def _settle(self, job: str, attempt: int, ranks: list[int]) -> set[int]:
+        """Ranks a previous driver decided to start may still be starting:
+        wait briefly for their supervisors' pid files before starting them
+        again (which would run a rank twice)."""
+        intents = {r for r in ranks if self._intent_file(job, attempt, r).exists()}
+        deadline = time.monotonic() + INTENT_WAIT_S
+        while intents - self._launched_ranks(job, attempt) and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+            await self.adopt()
+        return self._launched_ranks(job, attempt)
+
+    def _intent_file(self, job: str, attempt: int, rank: int) -> Path:
+        return self.state_dir / "intents" / f"{job}-a{attempt}-r{rank}"
+
     async def launch(self, job: str, attempt: int, spec: JobSpec, slots: list[WorkerSlot]) -> None:
-        port = free_port()
+        """Start the ranks of this attempt that never started; the rest is a
+        no-op, so a restarted scheduler can call it again safely."""
         run_dir = self.state_dir / "jobs" / job / f"attempt-{attempt}"
         run_dir.mkdir(parents=True, exist_ok=True)
-        workers = self._workers.setdefault(job, [])
+        (self.state_dir / "exits").mkdir(parents=True, exist_ok=True)
+        # Every rank of an attempt must meet at the same rendezvous port.
+        port_file = run_dir / "master_port"
+        if not port_file.exists():
+            port_file.write_text(str(free_port()))
+        port = int(port_file.read_text())
+        started = await self._settle(job, attempt, [s.rank for s in slots])
+        (self.state_dir / "intents").mkdir(parents=True, exist_ok=True)
         for slot in sorted(slots, key=lambda s: s.rank):
-            log_path = run_dir / f"rank-{slot.rank}.log"
-            with log_path.open("ab") as log_file:
+            if slot.rank in started:
+                continue
+            exit_file = self._exit_file(job, attempt, slot.rank)
+            self._intent_file(job, attempt, slot.rank).write_text(f"{time.time()}\n")
+            pid_dir = self.state_dir / "pids" / slot.node
+            with (run_dir / f"rank-{slot.rank}.log").open("ab") as log_file:
                 proc = await asyncio.create_subprocess_exec(
+                    sys.executable, "-m", "libs.drivers.local_worker", str(exit_file),
+                    str(pid_dir), f"{job} {attempt} {slot.rank}", "--",
                     *self._argv(spec),
                     cwd=spec.workdir or os.getcwd(),
                     env=self._env(job, attempt, spec, slot, len(slots), port),
                     stdin=asyncio.subprocess.DEVNULL,
                     stdout=log_file,
                     stderr=asyncio.subprocess.STDOUT,
-                    start_new_session=True,
+                    start_new_session=True,  # its own group: a node kill takes it whole
                 )
-            pid_dir = self.state_dir / "pids" / slot.node
             pid_dir.mkdir(parents=True, exist_ok=True)
             pid_file = pid_dir / f"{proc.pid}"
-            pid_file.write_text(f"{job} {attempt} {slot.rank}\n")
-            worker = _Worker(job, attempt, slot.rank, slot.node, proc, pid_file)
-            workers.append(worker)
+            write_atomic(pid_file, f"{job} {attempt} {slot.rank}\n")  # the supervisor does too
+            worker = _Worker(job, attempt, slot.rank, slot.node, proc.pid, pid_file, exit_file,
+                             proc=proc)
+            self._workers.setdefault(job, []).append(worker)
             self._log.info("worker started", job=job, node=slot.node, rank=slot.rank, pid=proc.pid)
-            await self.sink(
-                WorkerStarted(
-                    id=f"{job}-a{attempt}-r{slot.rank}-started",
-                    source=self.source, job=job, node=slot.node,
-                    data=WorkerStartedData(attempt=attempt, rank=slot.rank, pid=proc.pid),
-                )
-            )
+            await self._announce_start(worker)
             worker.watcher = asyncio.create_task(self._watch(worker))
 
+    async def adopt(self) -> int:
+        """After a restart: watch the workers a previous driver started (their
+        pid files remain), so their exits are reported. Returns how many."""
+        adopted = 0
+        known = {w.pid for workers in self._workers.values() for w in workers}
+        for pid_file in sorted((self.state_dir / "pids").glob("*/[0-9]*")):
+            try:
+                job, attempt, rank = pid_file.read_text().split()
+                pid = int(pid_file.name)
+            except (ValueError, FileNotFoundError):
+                continue
+            if pid in known:
+                continue
+            worker = _Worker(job, int(attempt), int(rank), pid_file.parent.name, pid, pid_file,
+                             self._exit_file(job, int(attempt), int(rank)))
+            self._workers.setdefault(job, []).append(worker)
+            # The old driver may have died before announcing the start: say it
+            # (again; the same event id makes a repeat a no-op).
+            await self._announce_start(worker)
+            worker.watcher = asyncio.create_task(self._watch(worker))
+            adopted += 1
+        return adopted
+
+    async def _announce_start(self, worker: _Worker) -> None:
+        await self.sink(
+            WorkerStarted(
+                id=f"{worker.job}-a{worker.attempt}-r{worker.rank}-started",
+                source=self.source, job=worker.job, node=worker.node,
+                data=WorkerStartedData(attempt=worker.attempt, rank=worker.rank, pid=worker.pid),
+            )
+        )
+
     async def _watch(self, worker: _Worker) -> None:
-        code = await worker.proc.wait()
-        with contextlib.suppress(FileNotFoundError):
-            worker.pid_file.unlink()
+        if worker.proc is not None:
+            await worker.proc.wait()
+        else:
+            while _alive(worker.pid):
+                await asyncio.sleep(0.25)
+        try:
+            code = int(worker.exit_file.read_text())
+        except (FileNotFoundError, ValueError):
+            # The supervisor itself was killed (by the signal in its own return
+            # code when it is our child; with its node, -9, when adopted).
+            own = worker.proc.returncode if worker.proc is not None else None
+            code = own if own is not None and own < 0 else -int(signal.SIGKILL)
         self._log.info("worker exited", job=worker.job, node=worker.node, rank=worker.rank,
                        exit_code=code)
-        with contextlib.suppress(ValueError):
-            self._workers.get(worker.job, []).remove(worker)
+        if not worker.exit_file.exists():
+            write_exit(worker.exit_file, code)  # so a relaunch knows this rank ran
         await self.sink(
             WorkerExited(
                 id=f"{worker.job}-a{worker.attempt}-r{worker.rank}-exited",
@@ -137,23 +222,53 @@ class LocalDriver:
                 data=WorkerExitedData(attempt=worker.attempt, rank=worker.rank, exit_code=code),
             )
         )
+        # Only now: a crash before this line leaves the pid file, and the
+        # next driver reports this exit again (same event id, de-duplicated).
+        with contextlib.suppress(FileNotFoundError):
+            worker.pid_file.unlink()
+        with contextlib.suppress(ValueError):
+            self._workers.get(worker.job, []).remove(worker)
 
     async def stop(self, job: str, *, grace_s: float = 10.0) -> None:
         workers = list(self._workers.get(job, []))
         for worker in workers:
-            _signal_group(worker.proc.pid, signal.SIGTERM)
+            _signal_group(worker.pid, signal.SIGTERM)
         watchers = [w.watcher for w in workers if w.watcher is not None]
         if not watchers:
             return
         _, pending = await asyncio.wait(watchers, timeout=grace_s)
         if pending:
             for worker in workers:
-                _signal_group(worker.proc.pid, signal.SIGKILL)
+                _signal_group(worker.pid, signal.SIGKILL)
             await asyncio.wait(pending, timeout=5)
 
     async def close(self) -> None:
         for job in list(self._workers):
             await self.stop(job, grace_s=5.0)
+
+    async def detach(self) -> None:
+        """Stop watching without stopping the workers (a scheduler restart
+        adopts them again)."""
+        for workers in self._workers.values():
+            for worker in workers:
+                if worker.watcher is not None:
+                    worker.watcher.cancel()
+        self._workers.clear()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A zombie (exited, not yet reaped by a dead parent's init) counts as gone.
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().split(") ", 1)[1][0] != "Z"
+    except (FileNotFoundError, IndexError):
+        return False
 
 
 def _signal_group(pid: int, sig: signal.Signals) -> None:
@@ -166,7 +281,7 @@ def kill_node_workers(state_dir: Path, node: str,
     """Kill every worker the LocalDriver started on ``node`` (a node failure)."""
     pid_dir = state_dir.resolve() / "pids" / node
     killed = []
-    for pid_file in sorted(pid_dir.glob("*")) if pid_dir.exists() else []:
+    for pid_file in sorted(pid_dir.glob("[0-9]*")) if pid_dir.exists() else []:
         pid = int(pid_file.name)
         _signal_group(pid, sig)
         killed.append(pid)

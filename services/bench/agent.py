@@ -1,18 +1,28 @@
 """The bench agent: one per node. It beats a heartbeat, samples node
-telemetry, and answers ``bench.request`` for its node with a measured,
-judged ``bench.result``. Measuring and judging live in probes/verdict; this
-module only wires them to the bus."""
+telemetry, runs the periodic health probes of its configuration file, and
+answers ``bench.request`` for its node with a measured, judged
+``bench.result``. Measuring lives in levels/probes, judging in verdict and
+schedule; this module only wires them to the bus.
+
+A level whose checks fail is run once more before the result says so: a node
+is reported failed only when the failure repeats. A request that carries a
+rendezvous runs only this node's share of a multi-node collective.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import time
+from pathlib import Path
 from typing import Any
 
 from libs.bus import CONTROL, Bus
 from libs.events import (
+    BenchCheck,
+    BenchRendezvous,
     BenchRequest,
     BenchResult,
     BenchResultData,
@@ -24,30 +34,45 @@ from libs.events import (
 )
 from libs.logs import get_logger
 from libs.settings import Settings
-from services.bench import probes
+from services.bench import levels, probes
+from services.bench.config import ConfigFile
 from services.bench.host_metrics import HostSampler
-from services.bench.verdict import judge_quick
+from services.bench.protocol import PAIR_SUBJECT, PROGRESS_SUBJECT
+from services.bench.schedule import ProbeSchedule, Report, Skip, Start
+from services.bench.verdict import confirm
+
+CONFIG_POLL_S = 2.0
 
 
 class BenchAgent:
     name = "bench-agent"
 
-    def __init__(self, settings: Settings, node: str) -> None:
+    def __init__(self, settings: Settings, node: str, config_path: str | Path | None = None
+                 ) -> None:
         self.settings = settings
         self.node = node
         self.source = f"bench-agent/{node}"
         self.bus: Bus | None = None
         self.host = HostSampler()
+        self.config = ConfigFile(config_path)
+        self.schedule = ProbeSchedule(self.config.current.probes, now=time.monotonic(),
+                                      seed=node)
         self.beats = 0
         self.results = 0
+        self.probe_reports = 0
+        self.busy: str | None = None  # the request being measured
+        self._answered: set[str] = set()
         self._tasks: list[asyncio.Task[None]] = []
         self._log = get_logger(node=node)
+        if self.config.error:
+            self._log.error("bench config refused", error=self.config.error)
 
     async def start(self, bus: Bus) -> None:
         self.bus = bus
         self._tasks = [
             asyncio.create_task(self._heartbeat()),
             asyncio.create_task(self._telemetry()),
+            asyncio.create_task(self._probe_loop()),
         ]
         bus.consume(
             durable=f"bench-agent-{self.node}",
@@ -55,7 +80,7 @@ class BenchAgent:
             stream=CONTROL,
             handler=self._on_request,
             batch=1,
-            ack_wait_s=300,
+            ack_wait_s=1800,  # a full level with its retry; never redelivered mid-run
         )
 
     async def _heartbeat(self) -> None:
@@ -83,32 +108,182 @@ class BenchAgent:
                                            mem_total_bytes=total, load1=self.host.load1()),
                 ))
 
+    # ------------------------------------------------------------------ bench requests
+
     async def _on_request(self, event: Event) -> None:
         assert isinstance(event, BenchRequest) and self.bus is not None
-        log = self._log.bind(request=event.id, level=event.data.level)
-        log.info("bench started")
+        if event.id in self._answered:
+            return  # redelivered after we published: the result is out already
+        data = event.data
+        log = self._log.bind(request=event.id, level=data.level, attempt=data.attempt)
+        log.info("bench started", reason=data.reason)
+        self.busy = event.id
         t0 = time.monotonic()
-        measured = await asyncio.to_thread(probes.quick)
-        verdict = judge_quick(
-            device_count=measured.device_count,
-            expected_devices=event.data.expected_devices,
-            gemm_tflops=measured.gemm_tflops,
-            gemm_error=measured.gemm_max_abs_error,
-        )
-        # Deterministic id: a redelivered request yields the same result event.
-        await self.bus.publish(BenchResult(
-            id=f"{event.id}-result",
-            source=self.source, node=self.node,
+        try:
+            if data.rendezvous is not None:
+                run = await self._measure_multi_node(event.id, data.rendezvous)
+            else:
+                run = await self._measure(event)
+                if run.outcome == "failed":
+                    log.info("bench failed once; repeating", reason=run.reason)
+                    self._progress(event.id, "repeating after a failure")
+                    again = await self._measure(event)
+                    outcome, reason = confirm((run.outcome, run.reason),
+                                              (again.outcome, again.reason))
+                    run = again
+                    run.outcome, run.reason = outcome, reason
+        finally:
+            self.busy = None
+        rdv = data.rendezvous
+        await self.bus.publish(BenchResult(  # deterministic id: a redelivery repeats it
+            id=f"{event.id}-result", source=self.source, node=self.node,
             data=BenchResultData(
-                level=event.data.level, request_id=event.id, passed=verdict.passed,
-                reason=verdict.reason, device=measured.device,
-                device_count=measured.device_count, gpu_model=measured.device_name,
-                dtype=measured.dtype, figures=measured.figures,
-                duration_s=round(time.monotonic() - t0, 3),
+                level=data.level, request_id=event.id, passed=run.outcome != "failed",
+                reason=run.reason, device=run.device, device_count=run.device_count,
+                gpu_model=run.device_name, dtype=run.dtype, figures=run.figures,
+                duration_s=round(time.monotonic() - t0, 3), outcome=run.outcome,
+                attempt=data.attempt, retry_of=data.retry_of, checks=run.checks,
+                session=rdv.session if rdv else None,
+                peers=[n for n in rdv.nodes if n != self.node] if rdv else [],
             ),
         ))
+        self._answered.add(event.id)
         self.results += 1
-        log.info("bench finished", passed=verdict.passed, reason=verdict.reason)
+        self._progress(event.id, "done")
+        log.info("bench finished", outcome=run.outcome, reason=run.reason)
+
+    async def _measure(self, event: BenchRequest) -> levels.LevelRun:
+        config = self.config.current
+        expected = event.data.expected_devices
+
+        def progress(step: str) -> None:
+            self._progress(event.id, step)
+
+        run = await asyncio.to_thread(levels.run_level, event.data.level, config=config,
+                                      expected_devices=expected, progress=progress)
+        if event.data.level == "full":
+            rdv, why = await self._pairing(event.id)
+            if rdv is None:
+                run.checks.append(BenchCheck(name="inter_node_collectives",
+                                             status="unavailable", detail=why))
+            else:
+                pair = await asyncio.to_thread(levels.multi_node, rdv, self.node, config=config,
+                                               progress=progress)
+                run.figures += pair.figures
+                run.checks += pair.checks
+            run.judge()
+        return run
+
+    async def _measure_multi_node(self, request_id: str, rdv: BenchRendezvous
+                                  ) -> levels.LevelRun:
+        return await asyncio.to_thread(
+            levels.multi_node, rdv, self.node, config=self.config.current,
+            progress=lambda step: self._progress(request_id, step))
+
+    async def _pairing(self, request_id: str) -> tuple[BenchRendezvous | None, str]:
+        """Ask the coordinator for a known-healthy partner and a rendezvous."""
+        assert self.bus is not None
+        try:
+            reply = await self.bus.request(PAIR_SUBJECT, {"node": self.node,
+                                                          "request_id": request_id},
+                                           timeout_s=10)
+        except Exception as exc:
+            return None, f"no coordinator to pair with ({type(exc).__name__})"
+        if not reply.get("ok"):
+            return None, str(reply.get("error", "no partner"))
+        return BenchRendezvous.model_validate(reply["rendezvous"]), ""
+
+    def _progress(self, request_id: str, step: str) -> None:
+        """Tell whoever listens (``bench run``) which step runs; callable from
+        worker threads, never blocks, never fails the bench."""
+        if self.bus is None:
+            return
+        body = json.dumps({"request_id": request_id, "node": self.node, "step": step,
+                           "time": time.time()}).encode()
+        subject = PROGRESS_SUBJECT.format(node=self.node)
+        with contextlib.suppress(Exception):
+            loop = self._loop
+            if loop is not None and loop.is_running():
+                asyncio.run_coroutine_threadsafe(self.bus.nc.publish(subject, body), loop)
+
+    @property
+    def _loop(self) -> asyncio.AbstractEventLoop | None:
+        return getattr(self.bus.nc, "_loop", None) if self.bus is not None else None
+
+    # ------------------------------------------------------------------ health probes
+
+    async def _probe_loop(self) -> None:
+        self._running_loop = asyncio.get_running_loop()
+        last_error = self.config.error
+        while True:
+            now = time.monotonic()
+            if self.config.reload():
+                self.schedule.reconfigure(self.config.current.probes, now=now)
+                self._log.info("bench config loaded", path=str(self.config.path),
+                               probes=[c.name for c in self.config.current.probes])
+            if self.config.error and self.config.error != last_error:
+                self._log.error("bench config refused; keeping the last good one",
+                                error=self.config.error)
+            last_error = self.config.error
+            for report in self.schedule.expire(now):
+                await self._report_probe(report)
+            if self.busy is None:  # never perturb a measurement
+                for action in self.schedule.due(now):
+                    if isinstance(action, Start):
+                        self._tasks.append(asyncio.create_task(self._run_probe(action)))
+                    elif isinstance(action, Skip):
+                        self._log.warning("probe skipped", check=action.name,
+                                          reason=action.reason)
+                    else:
+                        await self._report_probe(action)
+            self._tasks = [t for t in self._tasks if not t.done()] if len(self._tasks) > 16 \
+                else self._tasks
+            wait = self.schedule.next_wake(now) - time.monotonic()
+            await asyncio.sleep(min(max(wait, 0.05 if self.busy is None else 0.5),
+                                    CONFIG_POLL_S))
+
+    async def _run_probe(self, start: Start) -> None:
+        state = self.schedule.states.get(start.name)
+        if state is None:
+            return
+        spec = state.spec
+        try:
+            check = await asyncio.to_thread(
+                probes.run_check, spec.kind, expected=None, limits=self.config.current.gpu_limits,
+                timeout_s=spec.timeout_s)
+            status, detail = check.status, check.detail
+        except Exception as exc:
+            status, detail = "failed", f"{type(exc).__name__}: {exc}"[:300]
+        if status == "skipped":
+            status = "unavailable"
+        report = self.schedule.finished(start.name, start.run, status,  # type: ignore[arg-type]
+                                        detail)
+        if report is not None:
+            await self._report_probe(report)
+
+    async def _report_probe(self, report: Report) -> None:
+        """A probe failed N times in a row: say so once, as a failed bench result
+        (bootstrap quarantines, failover sees it). A recovery is only logged:
+        the node returns to service by passing a bench again."""
+        assert self.bus is not None
+        if not report.failed:
+            self._log.info("probe recovered", check=report.name, after=report.consecutive)
+            return
+        self._log.warning("probe failing", check=report.name, consecutive=report.consecutive,
+                          detail=report.detail)
+        kind, count, name, _ = await asyncio.to_thread(probes.detect_device)
+        reason = (f"health probe {report.name} failed {report.consecutive} time(s) in a row: "
+                  f"{report.detail}")
+        with contextlib.suppress(Exception):
+            await self.bus.publish(BenchResult(
+                source=self.source, node=self.node,
+                data=BenchResultData(
+                    level="quick", passed=False, reason=reason, device=kind, device_count=count,
+                    gpu_model=name, duration_s=0.0, outcome="failed", trigger="probe",
+                    checks=[BenchCheck(name=report.name, status="failed", detail=report.detail)],
+                ),
+            ))
+            self.probe_reports += 1
 
     async def stop(self) -> None:
         for task in self._tasks:
@@ -116,4 +291,8 @@ class BenchAgent:
         await asyncio.gather(*self._tasks, return_exceptions=True)
 
     def health(self) -> dict[str, Any]:
-        return {"heartbeats": self.beats, "bench_results": self.results}
+        return {"heartbeats": self.beats, "bench_results": self.results,
+                "busy": self.busy, "probe_reports": self.probe_reports,
+                "probes": self.schedule.snapshot(),
+                "config": str(self.config.path) if self.config.path else None,
+                "config_error": self.config.error}

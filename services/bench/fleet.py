@@ -3,18 +3,39 @@
 A node is compared with the other nodes of its own GPU model, not only with a
 fixed floor: for each figure the fleet median and the median absolute
 deviation (MAD, scaled to a standard deviation) are robust to the very
-outliers we are looking for. A node is flagged when its figure is both more
-than ``k`` robust deviations and more than ``min_drop`` (relative) below the
-median — the second condition keeps a very uniform fleet from flagging noise.
+outliers we are looking for. A figure is flagged when it is both more than
+``k`` robust deviations and more than a relative drop below the median — the
+second condition keeps a very uniform fleet from flagging noise.
+
+``judge_node`` adds a node *score*: the geometric mean of the node's figures
+as ratios of their fleet medians, each weighted by the inverse of its
+variance across the fleet. A node that is uniformly slow (a throttled clock,
+a power cap, a slow memory channel) moves every ratio a little; averaged over
+several figures that shows well above the noise of any one figure. The score
+is judged like a figure, against the scores of the peers. Absolute floors per GPU model (from the configuration) catch a fleet
+that is slow as a whole.
 """
 
 from __future__ import annotations
 
+import math
 import statistics
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Literal
+
+from services.bench.config import FleetPolicy
 
 # 1.4826 turns a MAD into a standard deviation for normally distributed data.
 MAD_TO_SIGMA = 1.4826
+# Figures judged against the fleet, by unit: more is better for all of them.
+HIGHER_IS_BETTER_UNITS = frozenset({"TFLOPS", "GB/s", "tokens/s"})
+Outcome = Literal["healthy", "degraded", "failed"]
+SEVERITY: dict[Outcome, int] = {"healthy": 0, "degraded": 1, "failed": 2}
+
+
+def judged(unit: str) -> bool:
+    return unit in HIGHER_IS_BETTER_UNITS
 
 
 @dataclass(frozen=True)
@@ -40,21 +61,26 @@ class Deviation:
     peers: int
 
 
+def robust_center(values: list[float]) -> tuple[float, float]:
+    """Median and MAD scaled to a standard deviation."""
+    median = statistics.median(values)
+    return median, statistics.median(abs(v - median) for v in values) * MAD_TO_SIGMA
+
+
 def compare_with_fleet(
-    figures: list[NodeFigure], *, higher_is_better: set[str], k: float = 3.0,
+    figures: list[NodeFigure], *, higher_is_better: set[str] | None = None, k: float = 3.0,
     min_drop: float = 0.05, min_peers: int = 3,
 ) -> list[Deviation]:
-    """Every figure named in ``higher_is_better`` against its model's fleet,
-    sorted by how far below the median it is (worst first)."""
+    """Every judged figure (named in ``higher_is_better``, or by unit when it is
+    None) against its model's fleet, sorted by how far below the median it is
+    (worst first). The fleet table of ``bench report``."""
     groups: dict[tuple[str, str], list[NodeFigure]] = {}
     for f in figures:
-        if f.name in higher_is_better:
+        if (f.name in higher_is_better) if higher_is_better is not None else judged(f.unit):
             groups.setdefault((f.gpu_model, f.name), []).append(f)
     out = []
     for group in groups.values():
-        values = [f.value for f in group]
-        median = statistics.median(values)
-        mad = statistics.median(abs(v - median) for v in values) * MAD_TO_SIGMA
+        median, mad = robust_center([f.value for f in group])
         for f in group:
             relative = (f.value - median) / median if median else 0.0
             z = (f.value - median) / mad if mad else 0.0
@@ -63,3 +89,128 @@ def compare_with_fleet(
             out.append(Deviation(f.node, f.gpu_model, f.name, f.value, f.unit, median,
                                  relative, z, flagged, len(group)))
     return sorted(out, key=lambda d: (d.relative, d.node, d.name))
+
+
+# --------------------------------------------------------------------------- one node
+
+
+@dataclass(frozen=True)
+class FigureVerdict:
+    name: str
+    value: float
+    unit: str
+    median: float | None  # None: too few peers to judge against
+    relative: float
+    robust_z: float
+    peers: int
+    outcome: Outcome
+    why: str = ""
+
+
+@dataclass(frozen=True)
+class NodeJudgement:
+    outcome: Outcome
+    reason: str
+    figures: list[FigureVerdict] = field(default_factory=list)
+    score: float | None = None  # geometric mean of value / fleet median
+    score_median: float | None = None  # of the peers' scores
+    score_z: float = 0.0
+    peers: int = 0
+    score_flagged: bool = False
+
+    @property
+    def flagged(self) -> list[str]:
+        """Names of what is wrong: figures, and ``node_score``."""
+        names = [f.name for f in self.figures if f.outcome != "healthy"]
+        return names + (["node_score"] if self.score_flagged else [])
+
+
+def _weighted_score(values: Mapping[str, float], medians: Mapping[str, float],
+                    weights: Mapping[str, float]) -> float | None:
+    """exp(weighted mean of log(value / median)) over the figures present."""
+    terms = [(weights[n], math.log(values[n] / m)) for n, m in medians.items()
+             if n in values and m > 0 and values[n] > 0]
+    total = sum(w for w, _ in terms)
+    return math.exp(sum(w * x for w, x in terms) / total) if terms and total > 0 else None
+
+
+def judge_node(
+    figures: Iterable[tuple[str, float, str]], peers: Mapping[str, Mapping[str, float]], *,
+    policy: FleetPolicy, floors: Mapping[str, float] | None = None,
+) -> NodeJudgement:
+    """One node's run (figure name, value, unit) against its peers' latest runs
+    (peer node -> figure name -> value; same GPU model, the node itself left
+    out) and the absolute floors of its GPU model."""
+    floors = floors or {}
+    mine = {name: (value, unit) for name, value, unit in figures}
+    verdicts: list[FigureVerdict] = []
+    medians: dict[str, float] = {}
+    weights: dict[str, float] = {}
+    for name, (value, unit) in sorted(mine.items()):
+        if not judged(unit) and name not in floors:
+            continue
+        values = [p[name] for p in peers.values() if name in p]
+        floor = floors.get(name)
+        outcome: Outcome = "healthy"
+        why = ""
+        if floor is not None and not value >= floor:  # also catches NaN
+            outcome, why = "failed", f"{value:.4g} {unit} below the floor {floor:.4g}"
+        if not judged(unit) or len(values) < policy.min_peers:
+            verdicts.append(FigureVerdict(name, value, unit, None, 0.0, 0.0, len(values),
+                                          outcome, why))
+            continue
+        median, mad = robust_center(values)
+        medians[name] = median
+        # Inverse-variance weight of the figure in the node score, from the
+        # fleet's own spread: a noisy figure (collectives on a shared CPU)
+        # counts little, a steady one (GEMM on a GPU) much.
+        spread = max(mad / median if median else 1.0, policy.min_figure_spread)
+        weights[name] = 1.0 / spread**2
+        relative = (value - median) / median if median else 0.0
+        z = (value - median) / mad if mad else (0.0 if value == median else -math.inf
+                                                 if value < median else math.inf)
+        if outcome == "healthy":
+            if relative < -policy.fail_drop:
+                outcome, why = "failed", f"{-relative:.0%} below the fleet median"
+            elif relative < -policy.figure_drop and z < -policy.k:
+                outcome, why = "degraded", f"{-relative:.0%} below the fleet median"
+        verdicts.append(FigureVerdict(name, value, unit, median, relative, z, len(values),
+                                      outcome, why))
+
+    score = score_median = None
+    score_z, score_flagged = 0.0, False
+    own = _weighted_score({n: v for n, (v, _) in mine.items()}, medians, weights)
+    peer_scores = [x for x in (_weighted_score(p, medians, weights) for p in peers.values())
+                   if x is not None]
+    if own is not None and len(peer_scores) >= policy.min_peers:
+        score = own
+        score_median, mad = robust_center(peer_scores)
+        drop = score / score_median - 1
+        score_z = (score - score_median) / mad if mad else 0.0
+        score_flagged = drop < -policy.node_drop and (mad == 0 or score_z < -policy.node_k)
+
+    worst = max((SEVERITY[v.outcome] for v in verdicts), default=0)
+    outcome = ("healthy", "degraded", "failed")[max(worst, 1 if score_flagged else 0)]
+    problems = [f"{v.name} {v.why}" for v in sorted(verdicts, key=lambda v: v.relative)
+                if v.outcome != "healthy"]
+    if score_flagged and score is not None and score_median is not None:
+        problems.insert(0, f"node score {score / score_median - 1:+.1%} vs the fleet "
+                           f"(robust z {score_z:.1f})")
+    if problems:
+        reason = "; ".join(problems[:4]) + (f" (+{len(problems) - 4} more)"
+                                            if len(problems) > 4 else "")
+    elif score is None:
+        reason = f"too few peers to judge against ({len(peers)} < {policy.min_peers})"
+    else:
+        assert score_median is not None
+        reason = f"within the fleet (node score {score / score_median - 1:+.1%})"
+    return NodeJudgement(outcome, reason, verdicts, score, score_median, score_z, len(peers),
+                         score_flagged)
+
+
+def worse(a: Outcome, b: Outcome) -> Outcome:
+    return a if SEVERITY[a] >= SEVERITY[b] else b
+
+
+def milder(a: Outcome, b: Outcome) -> Outcome:
+    return a if SEVERITY[a] <= SEVERITY[b] else b

@@ -1,7 +1,9 @@
-"""Quick-level measurements on this node: which compute devices torch sees
-and a small GEMM timed and checked against a reference. ROCm and CUDA both
-appear through torch.cuda; with neither, the CPU is measured and labelled as
-such (device=cpu, dtype=fp32), so everything runs on a laptop."""
+"""Quick-level measurements on this node: which compute devices torch sees,
+a small GEMM timed and checked against a reference, and the GPU management
+tool's readings (``libs.gpu.probe_gpus``). ROCm and CUDA both appear through
+torch.cuda; with neither, the CPU is measured and labelled as such
+(device=cpu, dtype=fp32), so everything runs on a laptop. The periodic health
+probes of the agent run the same functions (``run_check``)."""
 
 from __future__ import annotations
 
@@ -10,7 +12,11 @@ import statistics
 import time
 from dataclasses import dataclass, field
 
-from libs.events import Figure
+from libs.events import BenchCheck, Figure
+from libs.gpu import ProbeResult, probe_gpus
+from services.bench.config import GpuLimits
+from services.bench.gpu_health import GPU_KINDS, gpu_checks, gpu_figures
+from services.bench.verdict import MAX_GEMM_ERROR
 
 
 @dataclass(frozen=True)
@@ -77,3 +83,26 @@ def quick() -> QuickMeasurement:
             Figure(name="gemm_fp32_512_max_abs_error", value=error, unit="abs"),
         ],
     )
+
+
+def gpu_readings(*, expected: int | None, limits: GpuLimits, kinds: tuple[str, ...] = GPU_KINDS,
+                 timeout_s: float = 10.0) -> tuple[list[BenchCheck], list[Figure], ProbeResult]:
+    """The GPU tool's view of this node as checks and figures; never raises
+    (no tool: every check is unavailable)."""
+    probe = probe_gpus(timeout_s=timeout_s)
+    return gpu_checks(probe, expected=expected, limits=limits, kinds=kinds), \
+        gpu_figures(probe), probe
+
+
+def run_check(kind: str, *, expected: int | None, limits: GpuLimits, timeout_s: float
+              ) -> BenchCheck:
+    """One periodic health probe."""
+    if kind == "gemm":
+        device, _, _, _ = detect_device()
+        tflops, error = gemm(size=256, repeats=3, device=device)
+        ok = error <= MAX_GEMM_ERROR and tflops > 0
+        return BenchCheck(name=kind, status="ok" if ok else "failed",
+                          detail=f"{tflops:.3g} TFLOPS, max error {error:.2g}")
+    checks, _, _ = gpu_readings(expected=expected, limits=limits, kinds=(kind,),
+                                timeout_s=timeout_s)
+    return checks[0]

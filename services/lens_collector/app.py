@@ -1,42 +1,71 @@
 """lens-collector shell: batch pull consumers on the control and telemetry
-streams write rows into ClickHouse (acked only after the insert returned),
-and a request-reply endpoint answers the named queries.
+streams write into ClickHouse (acked only after the insert returned), a
+request-reply endpoint answers the named queries, and one replica at a time
+evaluates the alert rules.
 
-The clickhouse-connect client is synchronous and the in-process engine is not
-meant for concurrent use, so every store call runs on one worker thread.
+Replicas share the durable consumers ("lens-events", "lens-telemetry"), so
+N of them split the load like a queue group. Telemetry is handed to the
+engine as raw JSON (``ingest``); control events are few and go through
+pydantic and ``rows``. The clickhouse-connect client is synchronous and the
+in-process engine is not meant for concurrent use, so every store call runs
+on one worker thread, while the event loop fetches the next batch.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
+import os
+import socket
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 from clickhouse_connect.driver.client import Client
+from nats.aio.msg import Msg
+from pydantic import ValidationError
 
 from libs.bus import CONTROL, TELEMETRY, Bus
-from libs.events import SUBJECT_ROOT, Event
+from libs.events import SUBJECT_ROOT, Event, JobCompleted, JobFailed, parse_event
 from libs.logs import get_logger
 from libs.settings import Settings
+from libs.specs import load_model
 from libs.store import migrate, open_store
+from services.lens_collector.alerting import AlertLoop, Lease
+from services.lens_collector.alerts import AlertConfig, AlertEngine
+from services.lens_collector.ingest import Item, Route, event_id_of, route_of, store
 from services.lens_collector.queries import QueryError, resolve
-from services.lens_collector.rows import COLUMNS, rows_for
+from services.lens_collector.rows import COLUMNS, EVENT_ID_COLUMN, rows_for
 from services.lens_collector.schema import MIGRATIONS
 
 QUERY_SUBJECT = f"{SUBJECT_ROOT}.lens.query"
+ALERTS_FILE_ENV = "PRIMUS_LENS_ALERTS_FILE"
 
 
 class LensCollector:
     name = "lens-collector"
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, *, alerts: AlertConfig | None = None,
+                 evaluate_alerts: bool = True, alert_interval_s: float = 5.0,
+                 batch: int = 4000, fill_s: float = 0.25, ack_wait_s: float = 20.0) -> None:
         self.settings = settings
         self.db = settings.clickhouse_database
+        self.batch, self.fill_s, self.ack_wait_s = batch, fill_s, ack_wait_s
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="clickhouse")
         self.client: Client | None = None
-        self.rows_written: dict[str, int] = {}
+        self.rows_written: Counter[str] = Counter()
+        self.refused = 0
         self._log = get_logger()
+        self._alert_task: asyncio.Task[None] | None = None
+        self.alerts: AlertLoop | None = None
+        if evaluate_alerts:
+            path = os.environ.get(ALERTS_FILE_ENV)
+            config = alerts or (load_model(Path(path), AlertConfig) if path else AlertConfig())
+            self._alert_config = config
+        self._evaluate = evaluate_alerts
+        self._alert_interval_s = alert_interval_s
 
     async def _store(self, fn: Any, *args: Any) -> Any:
         return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
@@ -45,27 +74,78 @@ class LensCollector:
         self.client = await self._store(open_store, self.settings.store_dsn)
         applied = await self._store(migrate, self.client, self.db, MIGRATIONS)
         self._log.info("store ready", dsn=self.settings.store_dsn.split("@")[-1], applied=applied)
-        for durable, stream, batch in (("lens-events", CONTROL, 256),
-                                       ("lens-telemetry", TELEMETRY, 1024)):
-            bus.consume(durable=durable, subjects=[s for s in stream.subjects], stream=stream,
-                        batch_handler=self._write, batch=batch, ack_wait_s=60)
+        bus.consume(durable="lens-events", subjects=list(CONTROL.subjects), stream=CONTROL,
+                    batch_handler=self._write_events, batch=256, ack_wait_s=60)
+        bus.consume_raw(durable="lens-telemetry", subjects=list(TELEMETRY.subjects),
+                        stream=TELEMETRY, handler=self._write_telemetry, batch=self.batch,
+                        fill_s=self.fill_s, ack_wait_s=self.ack_wait_s, inflight=2)
         await bus.serve(QUERY_SUBJECT, self._query, queue="lens")
+        if self._evaluate:
+            self.alerts = AlertLoop(AlertEngine(self._alert_config), query=self._sql,
+                                    publish=bus.publish, source=self.name,
+                                    interval_s=self._alert_interval_s)
+            holder = f"{socket.gethostname()}-{os.getpid()}"
+            self._alert_task = asyncio.create_task(self.alerts.run(Lease(bus.js, holder)))
 
-    async def _write(self, batch: list[tuple[Event, int]]) -> None:
-        tables = rows_for(batch)
-        await self._store(self._insert, tables)
+    # ------------------------------------------------------------------ writing
 
-    def _insert(self, tables: dict[str, list[list[Any]]]) -> None:
+    async def _write_events(self, batch: list[tuple[Event, int]]) -> None:
+        await self._store(self._insert_rows, rows_for(batch))
+        if self.alerts is not None:
+            for event, _ in batch:
+                if isinstance(event, JobCompleted | JobFailed) and event.job:
+                    await self.alerts.job_ended(event.job, event.time.timestamp())
+
+    def _insert_rows(self, tables: dict[str, list[list[Any]]]) -> None:
         assert self.client is not None
         for table, rows in tables.items():
-            # Same rows → same token: ClickHouse drops a redelivered batch.
-            token = hashlib.sha256(
-                "\n".join(str(r[COLUMNS[table].index("id" if table == "events" else "event_id")])
-                          for r in rows).encode()
-            ).hexdigest()
+            # Same rows -> same token: ClickHouse drops a redelivered batch.
+            id_at = COLUMNS[table].index(EVENT_ID_COLUMN.get(table, "event_id"))
+            token = hashlib.sha256("\n".join(str(r[id_at]) for r in rows).encode()).hexdigest()
             self.client.insert(f"{self.db}.{table}", rows, column_names=COLUMNS[table],
                                settings={"insert_deduplication_token": f"{table}-{token}"})
-            self.rows_written[table] = self.rows_written.get(table, 0) + len(rows)
+            self.rows_written[table] += len(rows)
+
+    async def _write_telemetry(self, msgs: list[Msg]) -> list[tuple[Msg, str]]:
+        groups: dict[Route, list[Item]] = {}
+        others: list[Msg] = []
+        for msg in msgs:
+            route = route_of(msg.subject)
+            if route is None:
+                others.append(msg)
+                continue
+            headers = msg.headers
+            event_id = (headers.get("Nats-Msg-Id") if headers else None) or event_id_of(msg.data)
+            groups.setdefault(route, []).append(Item(
+                msg.data, event_id, msg.subject[len(route.prefix):], _delivered(msg), msg))
+        refused: list[tuple[Msg, str]] = await self._store(self._ingest, groups)
+        events: list[tuple[Event, int]] = []
+        for msg in others:  # not telemetry after all: validate, keep as an event
+            try:
+                events.append((parse_event(msg.data), msg.metadata.sequence.stream))
+            except (ValidationError, ValueError) as exc:
+                refused.append((msg, f"invalid event: {str(exc)[:500]}"))
+        if events:
+            await self._store(self._insert_rows, rows_for(events))
+        self.refused += len(refused)
+        return refused
+
+    def _ingest(self, groups: dict[Route, list[Item]]) -> list[tuple[Any, str]]:
+        assert self.client is not None
+        refused: list[tuple[Any, str]] = []
+        for route, items in groups.items():
+            stored, bad = store(self.client, self.db, route, items)
+            self.rows_written[route.table] += stored
+            refused += bad
+        return refused
+
+    # ------------------------------------------------------------------ reading
+
+    async def _sql(self, sql: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
+        assert self.client is not None
+        client = self.client
+        text = sql.replace("{db}", self.db)
+        return await self._store(lambda: client.query(text, parameters=params).result_rows)
 
     async def _query(self, request: dict[str, Any]) -> dict[str, Any]:
         try:
@@ -73,12 +153,27 @@ class LensCollector:
                                   self.db)
         except QueryError as exc:
             return {"ok": False, "error": str(exc)}
-        result = await self._store(lambda: self.client.query(sql, parameters=params))
+        assert self.client is not None
+        client = self.client
+        result = await self._store(lambda: client.query(sql, parameters=params))
         return {"ok": True, "columns": list(result.column_names),
                 "rows": [list(r) for r in result.result_rows]}
 
     async def stop(self) -> None:
+        if self._alert_task is not None:
+            self._alert_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._alert_task
         self._pool.shutdown(wait=True)
 
     def health(self) -> dict[str, Any]:
-        return {"rows_written": self.rows_written}
+        return {"rows_written": dict(self.rows_written), "refused": self.refused,
+                "alerts_published": self.alerts.published if self.alerts else 0}
+
+
+def _delivered(msg: Msg) -> int:
+    """How often this message was delivered, from its ack subject (cheaply)."""
+    tokens = (msg.reply or "").split(".")
+    if len(tokens) == 9:  # $JS.ACK.<stream>.<consumer>.<delivered>.<sseq>.<cseq>.<ts>.<pending>
+        return int(tokens[4])
+    return msg.metadata.num_delivered if msg.reply else 1

@@ -1,8 +1,17 @@
-"""Scheduler service shell: folds node, job and worker events into the
-in-memory ``SchedulerState``, runs a scheduling cycle whenever something
-changed, publishes the decisions (``job.placed`` / ``job.pending`` /
-``job.completed`` / ``job.failed``), keeps the ``jobs`` KV bucket current and
-hands placed gangs to the cluster driver."""
+"""Scheduler service shell: folds node, job and worker events into its
+records (``view``), asks the pure policy what to do once per cycle, and
+acts: bind placements (``job.placed`` + the cluster driver), checkpoint and
+requeue preemption victims (``job.preempted``), publish every pending job's
+reason and position (``job.pending``), finish jobs (``job.completed`` /
+``job.failed``). The ``jobs`` KV bucket holds every record; after a restart
+the scheduler rebuilds from it, from bootstrap's ``nodes`` bucket and from
+the driver's surviving workers.
+
+Records change before events are published ("assume, then persist"): a
+placement is written to KV, then announced, then launched, so a crash at any
+point leaves a state a restart can finish (the driver's launch is
+idempotent per attempt and rank).
+"""
 
 from __future__ import annotations
 
@@ -27,7 +36,8 @@ from libs.events import (
     JobPendingData,
     JobPlaced,
     JobPlacedData,
-    JobSpec,
+    JobPreempted,
+    JobPreemptedData,
     JobSubmitted,
     NodeRegistered,
     NodeStateChanged,
@@ -36,9 +46,15 @@ from libs.events import (
 )
 from libs.logs import get_logger
 from libs.settings import Settings
-from services.scheduler.core import JobRecord, NodeView, SchedulerState, plan, retry_backoff_s
+from services.scheduler import config as scheduler_config
+from services.scheduler.policy import schedule
+from services.scheduler.records import job_from_json, job_to_json, node_from_bootstrap
+from services.scheduler.view import AfterStop, JobRecord, NodeView, SchedulerState, retry_backoff_s
+from services.scheduler.view import snapshot as build_snapshot
 
 SOURCE = "scheduler"
+# A gang told to stop that has not reported every exit by then is taken as stopped.
+STOP_TIMEOUT_EXTRA_S = 60.0
 
 
 class Scheduler:
@@ -46,27 +62,29 @@ class Scheduler:
 
     def __init__(self, settings: Settings, driver: ClusterDriver | None = None) -> None:
         self.settings = settings
+        self.config = scheduler_config.load(settings.scheduler_config)
+        self.workspaces = self.config.workspace_policies()
         self.state = SchedulerState()
         self.driver = driver
         self.bus: Bus | None = None
         self.kv: KeyValue | None = None
+        self._lock = asyncio.Lock()
         self._dirty = asyncio.Event()
+        self._tasks: set[asyncio.Task[None]] = set()
         self._cycle_task: asyncio.Task[None] | None = None
-        self._published_pending: dict[str, tuple[int, str]] = {}
+        self._shown: dict[str, tuple[int, str]] = {}
         self.cycles = 0
+        self.last_cycle_ms = 0.0
         self._log = get_logger()
+
+    # ------------------------------------------------------------------ start
 
     async def start(self, bus: Bus) -> None:
         self.bus = bus
         self.kv = await bus.kv("jobs")
-        if self.driver is None and self.settings.driver == "kubernetes":
-            raise RuntimeError("PRIMUS_DRIVER=kubernetes: the Kubernetes driver is not part of "
-                               "this build yet; use PRIMUS_DRIVER=local")
         if self.driver is None:
-            self.driver = LocalDriver(self.settings.state_dir, bus.publish,
-                                      nats_url=self.settings.nats_url,
-                                      nats_token=self.settings.nats_token)
-        await self._load_jobs()
+            self.driver = make_driver(self.settings, bus)
+        await self._rebuild(bus)
         bus.consume(
             durable="scheduler",
             subjects=["safe.node.*.registered", "safe.node.*.state", "safe.job.*.submitted",
@@ -76,32 +94,45 @@ class Scheduler:
         )
         self._cycle_task = asyncio.create_task(self._cycle_loop())
 
-    async def _load_jobs(self) -> None:
-        assert self.kv is not None
-        try:
-            keys = await self.kv.keys()
-        except NoKeysError:
-            return
-        for key in keys:
-            raw = json.loads((await self.kv.get(key)).value)
-            self.state.jobs[key] = JobRecord(
-                id=raw["id"], spec=JobSpec.model_validate(raw["spec"]),
-                submitted_at=raw["submitted_at"], status=raw["status"], attempt=raw["attempt"],
-                slots=[WorkerSlot.model_validate(s) for s in raw["slots"]],
-                reason=raw.get("reason", ""), position=raw.get("position", 0),
-                not_before=raw.get("not_before", 0.0),
-            )
+    async def _rebuild(self, bus: Bus) -> None:
+        """Records from the KV buckets; workers that outlived the last run."""
+        assert self.kv is not None and self.driver is not None
+        nodes = await bus.kv("nodes")
+        for key in await _keys(nodes):
+            node = node_from_bootstrap(json.loads((await nodes.get(key)).value))
+            self.state.nodes[node.name] = node
+        for key in await _keys(self.kv):
+            job = job_from_json(json.loads((await self.kv.get(key)).value))
+            self.state.jobs[job.id] = job
+        adopted = await self.driver.adopt()
+        for job in self.state.jobs.values():
+            if job.status == "running":
+                # A crash may have come between saving and announcing or
+                # launching: both are idempotent (same event id; only ranks
+                # that never started are started).
+                await self._publish(JobPlaced(
+                    id=f"{job.id}-placed-{job.attempt}", source=SOURCE, job=job.id,
+                    data=JobPlacedData(attempt=job.attempt, workers=job.slots)))
+                await self.driver.launch(job.id, job.attempt, job.spec, job.slots)
+        if self.state.jobs or adopted:
+            self._log.info("rebuilt", nodes=len(self.state.nodes), jobs=len(self.state.jobs),
+                           adopted_workers=adopted)
 
     # ------------------------------------------------------------------ events
 
     async def _on_event(self, event: Event) -> None:
+        async with self._lock:
+            await self._apply(event)
+        self._dirty.set()
+
+    async def _apply(self, event: Event) -> None:
         if isinstance(event, NodeRegistered):
             d = event.data
             old = self.state.nodes.get(event.node)
             self.state.nodes[event.node] = NodeView(
                 name=event.node, gpus=d.gpu_count, gpu_model=d.gpu_model, ip=d.ip,
-                rack=d.labels.get("rack", ""), state=old.state if old else "registered",
-            )
+                rack=d.labels.get("rack", ""), switch=d.labels.get("switch", ""),
+                pool=d.labels.get("pool", "default"), state=old.state if old else "registered")
         elif isinstance(event, NodeStateChanged):
             node = self.state.nodes.get(event.node)
             if node is not None:
@@ -109,105 +140,177 @@ class Scheduler:
                 if node.state != "ready":
                     await self._evacuate(event.node, event.data.reason)
         elif isinstance(event, JobSubmitted):
-            if event.job not in self.state.jobs:  # idempotent
-                record = JobRecord(id=event.job, spec=event.data.spec,
-                                   submitted_at=event.time.timestamp())
-                self.state.jobs[event.job] = record
-                await self._save(record)
+            if event.job not in self.state.jobs:  # idempotent on redelivery
+                job = JobRecord(id=event.job, spec=event.data.spec,
+                                submitted_at=event.time.timestamp())
+                self.state.jobs[job.id] = job
+                await self._save(job)
         elif isinstance(event, WorkerExited):
             await self._on_exit(event)
-        self._dirty.set()
 
     async def _on_exit(self, event: WorkerExited) -> None:
         job = self.state.jobs.get(event.job)
-        if job is None or job.status != "running" or event.data.attempt != job.attempt:
-            return  # a stale attempt, or already handled
+        if job is None or not job.holds_gpus or event.data.attempt != job.attempt:
+            return  # an old attempt, or already handled
         job.exits[event.data.rank] = event.data.exit_code
-        if event.data.exit_code != 0:
-            await self._end_attempt(job, f"rank {event.data.rank} on {event.node} exited "
-                                         f"with code {event.data.exit_code}")
-        elif len(job.exits) == len(job.slots) and all(c == 0 for c in job.exits.values()):
-            job.status = "completed"
-            await self._publish(JobCompleted(
-                id=f"{job.id}-completed", source=SOURCE, job=job.id,
-                data=JobEndedData(attempt=job.attempt,
-                                  duration_s=max(0.0, time.time() - job.submitted_at)),
-            ))
-            await self._save(job)
+        if job.status == "running":
+            if event.data.exit_code != 0:
+                job.retries += 1
+                after: AfterStop = "fail" if job.retries > job.spec.max_retry else "requeue"
+                await self._stop_gang(job, after, f"rank {event.data.rank} on {event.node} "
+                                                  f"exited with code {event.data.exit_code}")
+            elif len(job.exits) == len(job.slots):
+                job.status, job.reason = "completed", ""
+                await self._save(job)
+                await self._publish(JobCompleted(
+                    id=f"{job.id}-completed", source=SOURCE, job=job.id,
+                    data=JobEndedData(attempt=job.attempt,
+                                      duration_s=max(0.0, time.time() - job.submitted_at))))
+                self._log.info("job completed", job=job.id, attempt=job.attempt)
+                self._background(self.driver.stop(job.id, grace_s=0))  # tidy pods, services
+            else:
+                await self._save(job)
+        elif len(job.exits) >= len(job.slots):
+            await self._finish_stop(job)
 
     async def _evacuate(self, node: str, reason: str) -> None:
+        """A node left service: stop its gangs and re-place them elsewhere,
+        first in the queue, preferring their healthy original nodes."""
         for job in list(self.state.jobs.values()):
-            if job.status == "running" and any(s.node == node for s in job.slots):
-                await self._end_attempt(job, f"node {node} left service: {reason}",
-                                        backoff=False)
+            if job.status != "running" or all(s.node != node for s in job.slots):
+                continue
+            job.retries += 1
+            job.recovering = True
+            job.exclude_nodes = sorted({*job.exclude_nodes, node})
+            job.prefer_nodes = sorted({s.node for s in job.slots} - {node})
+            after: AfterStop = "fail" if job.retries > job.spec.max_retry else "requeue"
+            await self._stop_gang(job, after, f"node {node} left service: {reason}", backoff=False)
 
-    async def _end_attempt(self, job: JobRecord, reason: str, *, backoff: bool = True) -> None:
-        """Stop the whole gang; retry it later or give up after max_retry."""
+    async def _stop_gang(self, job: JobRecord, after: AfterStop, reason: str, *,
+                         backoff: bool = True, grace_s: float = 10.0) -> None:
+        """Tell every worker to stop; the job ends its attempt once every rank
+        has reported its exit (its GPUs stay held until then)."""
         assert self.driver is not None
-        self._log.warning("attempt ended", job=job.id, attempt=job.attempt, reason=reason)
-        job.status = "pending"
-        await self.driver.stop(job.id)
-        if job.attempt > job.spec.max_retry:
+        self._log.warning("stopping gang", job=job.id, attempt=job.attempt, reason=reason,
+                          then=after)
+        job.status, job.after_stop, job.reason = "terminating", after, reason
+        job.stop_requested_at = time.time()
+        job.not_before = time.time() + retry_backoff_s(job.retries) if backoff else 0.0
+        await self._save(job)
+        if len(job.exits) >= len(job.slots):
+            await self._finish_stop(job)
+            return
+        self._background(self.driver.stop(job.id, grace_s=grace_s))
+
+    def _background(self, coro: Any) -> None:
+        task = asyncio.create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _finish_stop(self, job: JobRecord) -> None:
+        after = job.after_stop
+        job.slots, job.exits, job.started_at = [], {}, None
+        job.after_stop, job.stop_requested_at = None, None
+        if after == "fail":
             job.status = "failed"
-            job.reason = reason
+            await self._save(job)
             await self._publish(JobFailed(
                 id=f"{job.id}-failed", source=SOURCE, job=job.id,
                 data=JobEndedData(attempt=job.attempt,
                                   duration_s=max(0.0, time.time() - job.submitted_at),
-                                  reason=f"gave up after {job.attempt} attempt(s): {reason}"),
-            ))
-        else:
-            job.reason = reason
-            job.not_before = time.time() + (retry_backoff_s(job.attempt) if backoff else 0.0)
-        job.slots, job.exits = [], {}
+                                  reason=f"gave up after {job.retries} failed attempt(s): "
+                                         f"{job.reason}")))
+            return
+        job.status = "pending"
+        job.preempted = after == "preempted"
         await self._save(job)
 
     # ------------------------------------------------------------------ cycle
 
     async def _cycle_loop(self) -> None:
         while True:
-            # Also re-plan once a second: retry back-offs expire with time.
+            # Also re-plan once a second: back-offs expire, stops time out.
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._dirty.wait(), timeout=1.0)
             self._dirty.clear()
             try:
-                await self.cycle()
+                async with self._lock:
+                    await self._expire_stops()
+                    await self.cycle()
             except Exception:
                 self._log.exception("scheduling cycle failed")
 
+    async def _expire_stops(self) -> None:
+        now = time.time()
+        limit = self.config.preemption_grace_s + STOP_TIMEOUT_EXTRA_S
+        for job in self.state.jobs.values():
+            if job.status == "terminating" and job.stop_requested_at is not None \
+                    and now - job.stop_requested_at > limit:
+                self._log.warning("stop timed out; taking the gang as stopped", job=job.id)
+                await self._finish_stop(job)
+
     async def cycle(self) -> None:
-        assert self.driver is not None
+        now = time.time()
         t0 = time.perf_counter()
-        decided = plan(self.state, time.time())
+        snap, held = build_snapshot(self.state, self.workspaces, now)
+        result = schedule(snap, self.config.policy(), now)
+        self.state.reservations = dict(result.reservations)
         self.cycles += 1
-        for placement in decided.placements:
-            job = self.state.jobs[placement.job]
-            job.attempt += 1
-            job.status, job.slots, job.exits, job.reason = "running", placement.slots, {}, ""
-            self._published_pending.pop(job.id, None)
-            await self._publish(JobPlaced(
-                id=f"{job.id}-placed-{job.attempt}", source=SOURCE, job=job.id,
-                data=JobPlacedData(attempt=job.attempt, workers=placement.slots),
-            ))
-            await self._save(job)
-            self._log.info("job placed", job=job.id, attempt=job.attempt,
-                           nodes=[s.node for s in placement.slots])
-            await self.driver.launch(job.id, job.attempt, job.spec, placement.slots)
-        for pending in decided.pending:
-            job = self.state.jobs[pending.job]
-            job.reason, job.position = pending.reason, pending.position
-            shown = (pending.position, pending.reason)
-            if self._published_pending.get(job.id) != shown:
-                self._published_pending[job.id] = shown
-                await self._publish(JobPending(
-                    source=SOURCE, job=job.id,
-                    data=JobPendingData(position=pending.position, reason=pending.reason),
-                ))
-                await self._save(job)
-        if decided.placements:
-            self._log.info("cycle", placed=len(decided.placements),
-                           pending=len(decided.pending),
-                           ms=round(1000 * (time.perf_counter() - t0), 2))
+        self.last_cycle_ms = round(1000 * (time.perf_counter() - t0), 3)
+        for preemption in result.preemptions:
+            victim = self.state.jobs[preemption.victim]
+            await self._publish(JobPreempted(
+                id=f"{victim.id}-preempted-{victim.attempt}", source=SOURCE, job=victim.id,
+                data=JobPreemptedData(attempt=victim.attempt, preemptor=preemption.preemptor,
+                                      grace_s=self.config.preemption_grace_s)))
+            await self._stop_gang(victim, "preempted", f"preempted by {preemption.preemptor}",
+                                  backoff=False, grace_s=self.config.preemption_grace_s)
+        for job_id, slots in result.placements.items():
+            await self._place(self.state.jobs[job_id], slots, now)
+        for job_id, pending in {**result.pending, **held}.items():
+            await self._show_pending(self.state.jobs[job_id], pending.position, pending.reason,
+                                     pending.code)
+        if result.placements or result.preemptions:
+            self._log.info("cycle", placed=len(result.placements),
+                           preempted=len(result.preemptions), pending=len(result.pending),
+                           ms=self.last_cycle_ms)
+
+    async def _place(self, job: JobRecord, slots: tuple[tuple[str, int], ...], now: float) -> None:
+        assert self.driver is not None
+        job.attempt += 1
+        job.status, job.started_at, job.exits = "running", now, {}
+        job.slots = [WorkerSlot(rank=i, node=n, gpus=g) for i, (n, g) in enumerate(slots)]
+        job.recovering = job.preempted = False
+        job.exclude_nodes, job.prefer_nodes = [], []
+        job.reason = job.code = ""
+        self._shown.pop(job.id, None)
+        await self._save(job)
+        await self._publish(JobPlaced(
+            id=f"{job.id}-placed-{job.attempt}", source=SOURCE, job=job.id,
+            data=JobPlacedData(attempt=job.attempt, workers=job.slots)))
+        self._log.info("job placed", job=job.id, attempt=job.attempt,
+                       nodes=[s.node for s in job.slots])
+        try:
+            await self.driver.launch(job.id, job.attempt, job.spec, job.slots)
+        except Exception as exc:  # the cluster refused: end this attempt now
+            self._log.exception("launch failed", job=job.id, attempt=job.attempt)
+            job.retries += 1
+            job.status = "terminating"
+            job.after_stop = "fail" if job.retries > job.spec.max_retry else "requeue"
+            job.reason = f"launch failed: {exc}"
+            job.not_before = time.time() + retry_backoff_s(job.retries)
+            with contextlib.suppress(Exception):
+                await self.driver.stop(job.id, grace_s=0)
+            await self._finish_stop(job)
+
+    async def _show_pending(self, job: JobRecord, position: int, reason: str, code: str) -> None:
+        job.position, job.reason, job.code = position, reason, code
+        if self._shown.get(job.id) == (position, reason):
+            return
+        self._shown[job.id] = (position, reason)
+        await self._save(job)
+        await self._publish(JobPending(source=SOURCE, job=job.id, data=JobPendingData(
+            position=position, reason=reason, code=code)))
 
     # ------------------------------------------------------------------ output
 
@@ -217,12 +320,7 @@ class Scheduler:
 
     async def _save(self, job: JobRecord) -> None:
         assert self.kv is not None
-        value = json.dumps({
-            "id": job.id, "spec": job.spec.model_dump(), "submitted_at": job.submitted_at,
-            "status": job.status, "attempt": job.attempt,
-            "slots": [s.model_dump() for s in job.slots], "reason": job.reason,
-            "position": job.position, "not_before": job.not_before, "updated_at": time.time(),
-        }).encode()
+        value = json.dumps(job_to_json(job)).encode()
         try:
             entry = await self.kv.get(job.id)
             await self.kv.update(job.id, value, last=entry.revision)
@@ -232,12 +330,42 @@ class Scheduler:
     async def stop(self) -> None:
         if self._cycle_task is not None:
             self._cycle_task.cancel()
+        for task in list(self._tasks):
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(task, 15)
         if self.driver is not None:
-            await self.driver.close()
+            # Running workers keep running: the next scheduler adopts them.
+            await self.driver.detach()
 
     def health(self) -> dict[str, Any]:
         counts: dict[str, int] = {}
         for job in self.state.jobs.values():
             counts[job.status] = counts.get(job.status, 0) + 1
         ready = sum(1 for n in self.state.nodes.values() if n.state == "ready")
-        return {"cycles": self.cycles, "jobs": counts, "nodes_ready": ready}
+        return {"cycles": self.cycles, "last_cycle_ms": self.last_cycle_ms, "jobs": counts,
+                "nodes_ready": ready}
+
+
+def make_driver(settings: Settings, bus: Bus) -> ClusterDriver:
+    """The driver the settings name: local processes, or pods via the API."""
+    if settings.driver == "kubernetes":
+        from libs.drivers.kubernetes import KubernetesDriver, KubernetesDriverConfig
+
+        if not settings.k8s_image:
+            raise RuntimeError("PRIMUS_DRIVER=kubernetes needs PRIMUS_K8S_IMAGE, the training "
+                               "image workers run in")
+        config = KubernetesDriverConfig(
+            namespace=settings.k8s_namespace, image=settings.k8s_image,
+            gpu_resource=settings.k8s_gpu_resource, checkpoint_pvc=settings.k8s_checkpoint_pvc,
+            service_account=settings.k8s_service_account, master_port=settings.k8s_master_port,
+            nats_token_secret=settings.k8s_nats_token_secret)
+        return KubernetesDriver(config, bus.publish, nats_url=settings.nats_url)
+    return LocalDriver(settings.state_dir, bus.publish, nats_url=settings.nats_url,
+                       nats_token=settings.nats_token)
+
+
+async def _keys(kv: KeyValue) -> list[str]:
+    try:
+        return await kv.keys()
+    except NoKeysError:
+        return []

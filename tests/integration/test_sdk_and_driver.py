@@ -104,3 +104,35 @@ async def test_stop_and_node_kill_end_real_processes(tmp_path: Path) -> None:
     await driver.stop("s1", grace_s=5)
     exits = {e.node: e.data.exit_code for e in events if isinstance(e, WorkerExited)}
     assert exits == {"b": -9, "a": -15}
+
+
+async def test_a_new_driver_adopts_workers_that_outlived_the_old_one(tmp_path: Path) -> None:
+    """A scheduler restart must not lose how its workers end."""
+    first: list[Event] = []
+    second: list[Event] = []
+
+    async def sink1(event: Event) -> None:
+        first.append(event)
+
+    async def sink2(event: Event) -> None:
+        second.append(event)
+
+    old = LocalDriver(tmp_path, sink1, nats_url="nats://127.0.0.1:1")
+    code = "import os,sys,time; time.sleep(1.5); sys.exit(int(os.environ['RANK']) + 4)"
+    spec = JobSpec(name="j", workers=2, command=[sys.executable, "-c", code])
+    await old.launch("j", 1, spec, [WorkerSlot(rank=0, node="a", gpus=0),
+                                    WorkerSlot(rank=1, node="b", gpus=0)])
+    await old.detach()  # the old scheduler goes away; its workers keep running
+    new = LocalDriver(tmp_path, sink2, nats_url="nats://127.0.0.1:1")
+    assert await new.adopt() == 2
+    for _ in range(100):
+        if sum(isinstance(e, WorkerExited) for e in second) == 2:
+            break
+        await asyncio.sleep(0.1)
+    assert not any(isinstance(e, WorkerExited) for e in first)
+    # The new driver repeats the starts (same ids: de-duplicated on the bus).
+    assert sorted(e.id for e in second if isinstance(e, WorkerStarted)) == \
+        sorted(e.id for e in first if isinstance(e, WorkerStarted))
+    assert sorted((e.node, e.data.exit_code) for e in second
+                  if isinstance(e, WorkerExited)) == [("a", 4), ("b", 5)]
+    assert not list((tmp_path / "pids").glob("*/*"))

@@ -28,16 +28,18 @@ def client(clickhouse_dsn: str):  # type: ignore[no-untyped-def]
 
 
 def test_migrations_apply_once(client, database: str) -> None:  # type: ignore[no-untyped-def]
-    assert migrate(client, database, MIGRATIONS) == [1]
+    versions = [m.version for m in MIGRATIONS]
+    assert migrate(client, database, MIGRATIONS) == versions
     assert migrate(client, database, MIGRATIONS) == []
     tables = {r[0] for r in client.query(f"SHOW TABLES FROM {database}").result_rows}
     assert {"events", "node_metrics", "gpu_metrics", "job_metrics", "schema_migrations"} <= tables
-    extra = (*MIGRATIONS, Migration(2, "add a column", (
+    nxt = versions[-1] + 1
+    extra = (*MIGRATIONS, Migration(nxt, "add a column", (
         "ALTER TABLE {db}.events ADD COLUMN IF NOT EXISTS note String DEFAULT ''",)))
-    assert migrate(client, database, extra) == [2]
-    versions = client.query(f"SELECT version FROM {database}.schema_migrations FINAL "
-                            "ORDER BY version").result_rows
-    assert versions == [(1,), (2,)]
+    assert migrate(client, database, extra) == [nxt]
+    stored = client.query(f"SELECT version FROM {database}.schema_migrations FINAL "
+                          "ORDER BY version").result_rows
+    assert stored == [(v,) for v in [*versions, nxt]]
 
 
 def test_migrations_must_increase(client, database: str) -> None:  # type: ignore[no-untyped-def]

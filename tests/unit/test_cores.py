@@ -3,15 +3,28 @@ heartbeat fault detection, bench verdicts and gang placement."""
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
 
-from libs.events import JobSpec
+from libs.events import JobSpec, WorkerSlot
+from libs.specs import SpecError
 from services.bench.verdict import judge_quick
 from services.bootstrap.onboarding import step
 from services.failover.rules import HeartbeatMonitor
-from services.scheduler.core import JobRecord, NodeView, SchedulerState, plan, retry_backoff_s
+from services.scheduler.config import SchedulerFile
+from services.scheduler.config import load as load_scheduler_file
+from services.scheduler.policy import schedule
+from services.scheduler.records import job_from_json, job_to_json
+from services.scheduler.view import (
+    JobRecord,
+    NodeView,
+    SchedulerState,
+    retry_backoff_s,
+    snapshot,
+    used_gpus,
+)
 
 
 @pytest.mark.parametrize(("state", "trigger", "expected"), [
@@ -57,44 +70,76 @@ def test_bench_verdicts() -> None:
     assert not nan.passed and "GEMM result wrong" in nan.reason
 
 
-def nodes(*specs: tuple[str, int, str]) -> dict[str, NodeView]:
-    return {name: NodeView(name, gpus, "cpu", f"10.0.0.{i}", rack, state="ready")
-            for i, (name, gpus, rack) in enumerate(specs, 1)}
+def view_nodes(*specs: tuple[str, int, str, str]) -> dict[str, NodeView]:
+    return {name: NodeView(name, gpus, "cpu", f"10.0.0.{i}", rack=rack, state=state)
+            for i, (name, gpus, rack, state) in enumerate(specs, 1)}
 
 
-def job(jid: str, workers: int, gpus: int = 1, priority: str = "medium", t: float = 0) -> JobRecord:
+def record(jid: str, workers: int, gpus: int = 1, **kw: object) -> JobRecord:
     spec = JobSpec(name=jid, workers=workers, gpus_per_worker=gpus, command=["x"],
-                   priority=priority)  # type: ignore[arg-type]
-    return JobRecord(id=jid, spec=spec, submitted_at=t)
+                   **kw)  # type: ignore[arg-type]
+    return JobRecord(id=jid, spec=spec, submitted_at=0.0)
 
 
-def test_gang_is_all_or_nothing_and_prefers_one_rack() -> None:
-    state = SchedulerState(nodes=nodes(("a", 1, "r1"), ("b", 1, "r2"), ("c", 1, "r2")),
-                           jobs={"j": job("j", 2)})
-    decided = plan(state, now=0)
-    assert [(s.rank, s.node) for s in decided.placements[0].slots] == [(0, "b"), (1, "c")]
-    state.jobs["big"] = job("big", 4, t=1)
-    decided = plan(state, now=0)
-    assert [p.job for p in decided.placements] == ["j"]
-    assert decided.pending[0].job == "big" and "needs 4 node(s)" in decided.pending[0].reason
+WORKSPACES = SchedulerFile().workspace_policies()
 
 
-def test_fifo_blocks_behind_the_head_and_priority_goes_first() -> None:
-    state = SchedulerState(nodes=nodes(("a", 1, "r1"), ("b", 1, "r1")), jobs={
-        "big": job("big", 3, t=0), "small": job("small", 1, t=1),
-        "urgent": job("urgent", 1, priority="high", t=2)})
-    decided = plan(state, now=0)
-    assert [p.job for p in decided.placements] == ["urgent"]
-    reasons = {p.job: (p.position, p.reason) for p in decided.pending}
-    assert reasons["big"][0] == 1 and reasons["small"] == (2, "waiting behind big (FIFO)")
+def test_snapshot_translates_node_states_and_running_gangs() -> None:
+    state = SchedulerState(nodes=view_nodes(("a", 2, "r1", "ready"), ("b", 2, "r1", "quarantined"),
+                                            ("c", 2, "r2", "preflight")))
+    running = record("run", 2)
+    running.status, running.started_at = "terminating", 5.0
+    running.slots = [WorkerSlot(rank=0, node="a", gpus=1), WorkerSlot(rank=1, node="a", gpus=1)]
+    state.jobs = {"run": running, "new": record("new", 1, priority="high")}
+    snap, held = snapshot(state, WORKSPACES, now=10.0)
+    assert {n.name: n.state for n in snap.nodes} == {"a": "ready", "b": "faulted", "c": "unready"}
+    [alloc] = snap.running
+    assert alloc.terminating and alloc.slots == (("a", 1), ("a", 1))
+    assert [j.id for j in snap.pending] == ["new"] and snap.pending[0].priority == "high"
+    assert held == {}
+    assert used_gpus(state) == {"a": 2, "b": 0, "c": 0}
 
 
-def test_unready_nodes_are_never_used_and_backoff_delays_retries() -> None:
-    state = SchedulerState(nodes=nodes(("a", 1, "r1"), ("b", 1, "r1")), jobs={"j": job("j", 2)})
-    state.nodes["b"].state = "quarantined"
-    assert plan(state, now=0).placements == []
-    state.nodes["b"].state = "ready"
-    state.jobs["j"].not_before = 10.0
-    assert plan(state, now=5).pending[0].reason.startswith("retry 1 in 5 s")
-    assert plan(state, now=10).placements
-    assert retry_backoff_s(1) == 5.0 and retry_backoff_s(3) == 20.0 and retry_backoff_s(30) == 300
+def test_backoff_and_unknown_workspaces_are_answered_before_the_policy() -> None:
+    state = SchedulerState(nodes=view_nodes(("a", 1, "r1", "ready")))
+    waiting = record("w", 1)
+    waiting.not_before, waiting.retries = 20.0, 1
+    state.jobs = {"w": waiting, "x": record("x", 1, workspace="research")}
+    snap, held = snapshot(state, WORKSPACES, now=15.0)
+    assert snap.pending == []
+    assert held["w"].reason == "retry 2 in 5 s" and held["w"].code == "backoff"
+    assert "workspace 'research' is not configured; known: default" in held["x"].reason
+    assert [j.id for j in snapshot(state, WORKSPACES, now=20.0)[0].pending] == ["w"]
+
+
+def test_the_policy_places_a_gang_from_the_snapshot() -> None:
+    state = SchedulerState(nodes=view_nodes(("a", 1, "r1", "ready"), ("b", 1, "r2", "ready"),
+                                            ("c", 1, "r2", "ready")))
+    big = record("big", 4)
+    big.submitted_at = 1.0  # after j: FIFO places j, then big waits at the head
+    state.jobs = {"j": record("j", 2), "big": big}
+    snap, _ = snapshot(state, WORKSPACES, now=0.0)
+    result = schedule(snap, SchedulerFile().policy(), 0.0)
+    assert sorted(result.placements["j"]) == [("b", 1), ("c", 1)]  # one rack
+    assert "big" in result.pending and result.pending["big"].position == 1
+
+
+def test_records_round_trip_through_json() -> None:
+    job = record("j", 2, max_retry=5)
+    job.status, job.attempt, job.exits = "running", 2, {0: 0}
+    job.slots = [WorkerSlot(rank=0, node="a", gpus=1)]
+    job.exclude_nodes = ["b"]
+    back = job_from_json(json.loads(json.dumps(job_to_json(job))))
+    assert back == job
+
+
+def test_retry_backoff_grows_and_is_capped() -> None:
+    assert [retry_backoff_s(n) for n in (1, 2, 3)] == [5.0, 10.0, 20.0]
+    assert retry_backoff_s(30) == 300.0
+
+
+def test_scheduler_file_rejects_duplicate_workspaces(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    path = tmp_path / "sched.yaml"
+    path.write_text("workspaces:\n  - {name: a}\n  - {name: a}\n")
+    with pytest.raises(SpecError, match="workspace names must be unique"):
+        load_scheduler_file(path)

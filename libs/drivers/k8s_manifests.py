@@ -1,0 +1,314 @@
+"""The pure half of the Kubernetes driver: what a placed gang looks like as
+Kubernetes objects, and what a worker pod's status means for the platform.
+
+No I/O, no clock, no client: plain dicts in and out, so every manifest can be
+checked against the Kubernetes schemas and every status mapping can be tested
+as data. ``libs.drivers.kubernetes`` does the API calls.
+
+A gang is one headless Service (the rendezvous name) and one Pod per rank,
+each bound to the node the platform's scheduler chose (``spec.nodeName``:
+kube-scheduler never decides placement). Rank 0 is reachable at a stable DNS
+name through the service (pod ``hostname`` + ``subdomain``), which becomes
+MASTER_ADDR. Object names carry the attempt, so a re-placed gang never
+collides with the previous attempt's terminating pods.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from libs.events import JobSpec, WorkerSlot
+
+MANAGED_BY = "app.kubernetes.io/managed-by"
+MANAGER = "primus-safe"
+LABEL_JOB = "primus-safe/job"
+LABEL_ATTEMPT = "primus-safe/attempt"
+LABEL_RANK = "primus-safe/rank"
+# Job ids may hold '_' and upper case, which label values and DNS names may
+# not; the exact id travels in an annotation so events carry it unchanged.
+ANNOTATION_JOB_ID = "primus-safe/job-id"
+CONTAINER = "worker"
+# Every worker pod of every job, and nothing else (the platform's own pods
+# are managed by Helm and have no job label).
+WATCH_SELECTOR = f"{MANAGED_BY}={MANAGER},{LABEL_JOB}"
+NATS_TOKEN_KEY = "nats-token"  # the key in the chart's Secret
+# A pod that ended without its container reporting a termination (deleted,
+# evicted, its node lost, refused by the kubelet) was ended from outside: the
+# platform reports it as killed by SIGKILL, like the LocalDriver reports a
+# process killed with its node. Negative codes mean "killed by that signal".
+KILLED_EXIT_CODE = -9
+
+_DNS_LABEL_MAX = 63
+
+
+class KubernetesDriverConfig(BaseModel):
+    """Where and how worker pods run; built by the caller from the settings."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    namespace: str = Field(default="default", pattern=r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+    image: str = Field(min_length=1, description="the training image")
+    gpu_resource: str = Field(default="amd.com/gpu", description="e.g. nvidia.com/gpu")
+    checkpoint_pvc: str | None = Field(
+        default=None, description="PVC shared by all workers; without it checkpoints live "
+        "in the pod and do not survive re-placement")
+    checkpoint_mount_path: str = "/checkpoints"
+    service_account: str | None = None
+    master_port: int = Field(default=29500, ge=1, le=65535)
+    priority_class_prefix: str | None = Field(
+        default="primus-safe", description="the chart's priorityClasses.prefix; None: "
+        "no priorityClassName")
+    nats_token_secret: str | None = Field(
+        default=None, description=f"Secret whose '{NATS_TOKEN_KEY}' key is the bus token")
+    cluster_domain: str = "cluster.local"
+
+
+# --------------------------------------------------------------------------- names
+
+
+def dns_label(raw: str, *, max_len: int = _DNS_LABEL_MAX) -> str:
+    """``raw`` as a DNS-1123 label of at most ``max_len`` characters. Pure.
+
+    A name that is already valid is kept. Otherwise it is lower-cased, every
+    other character becomes '-', it is cut to fit and an 8-hex digest of the
+    original is appended, so distinct ids ("a_b", "a-b", "A-b") stay distinct
+    and the same id always gives the same name.
+    """
+    if max_len < 8:
+        raise ValueError(f"max_len {max_len} leaves no room for a name")
+    clean = re.sub(r"[^a-z0-9-]", "-", raw.lower()).strip("-")
+    if clean == raw and 0 < len(clean) <= max_len:
+        return clean
+    digest = hashlib.sha256(raw.encode()).hexdigest()[:8]
+    head = clean[: max_len - len(digest) - 1].rstrip("-")
+    return f"{head}-{digest}" if head else digest
+
+
+def job_label(job: str) -> str:
+    return dns_label(job)
+
+
+def pod_name(job: str, attempt: int, rank: int) -> str:
+    """Pod name and hostname (a DNS-1123 label) of one rank of one attempt."""
+    suffix = f"-a{attempt}-r{rank}"
+    return dns_label(job, max_len=_DNS_LABEL_MAX - len(suffix)) + suffix
+
+
+def service_name(job: str, attempt: int) -> str:
+    """Headless service of one attempt: a DNS-1035 label, so it starts with a letter."""
+    prefix, suffix = "ps-", f"-a{attempt}"
+    return prefix + dns_label(job, max_len=_DNS_LABEL_MAX - len(prefix) - len(suffix)) + suffix
+
+
+def master_addr(job: str, attempt: int, config: KubernetesDriverConfig) -> str:
+    """Rank 0's stable DNS name through the headless service."""
+    return (f"{pod_name(job, attempt, 0)}.{service_name(job, attempt)}."
+            f"{config.namespace}.svc.{config.cluster_domain}")
+
+
+def priority_class(spec: JobSpec, config: KubernetesDriverConfig) -> str | None:
+    """The chart's PriorityClass for the job (``<prefix>-<priority>``)."""
+    if config.priority_class_prefix is None:
+        return None
+    return f"{config.priority_class_prefix}-{spec.priority}"
+
+
+def job_labels(job: str, attempt: int) -> dict[str, str]:
+    return {MANAGED_BY: MANAGER, LABEL_JOB: job_label(job), LABEL_ATTEMPT: str(attempt)}
+
+
+def job_selector(job: str) -> str:
+    """Label selector for every object of the job, all attempts."""
+    return f"{MANAGED_BY}={MANAGER},{LABEL_JOB}={job_label(job)}"
+
+
+# --------------------------------------------------------------------------- manifests
+
+
+def service_manifest(job: str, attempt: int, config: KubernetesDriverConfig) -> dict[str, Any]:
+    """Headless service giving every pod of the attempt a DNS name. Pure."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {
+            "name": service_name(job, attempt),
+            "namespace": config.namespace,
+            "labels": job_labels(job, attempt),
+            "annotations": {ANNOTATION_JOB_ID: job},
+        },
+        "spec": {
+            "clusterIP": "None",
+            "selector": job_labels(job, attempt),
+            # Rendezvous happens before any worker is "ready".
+            "publishNotReadyAddresses": True,
+            "ports": [{"name": "rendezvous", "port": config.master_port,
+                       "targetPort": config.master_port, "protocol": "TCP"}],
+        },
+    }
+
+
+def worker_env(job: str, attempt: int, spec: JobSpec, slot: WorkerSlot, *, world: int,
+               config: KubernetesDriverConfig, nats_url: str) -> list[dict[str, Any]]:
+    """torchrun variables plus the PRIMUS_* ones the SDK reads. Pure.
+
+    One worker per node: RANK/WORLD_SIZE count workers (as the LocalDriver
+    does) and NODE_RANK/NNODES say the same for a torchrun started inside the
+    pod over its GPUs. The job's own env comes first; the platform's wins.
+    """
+    values = dict(spec.env)
+    values.update(
+        MASTER_ADDR=master_addr(job, attempt, config),
+        MASTER_PORT=str(config.master_port),
+        WORLD_SIZE=str(world),
+        RANK=str(slot.rank),
+        LOCAL_RANK="0",
+        NNODES=str(world),
+        NODE_RANK=str(slot.rank),
+        PRIMUS_JOB_ID=job,
+        PRIMUS_ATTEMPT=str(attempt),
+        PRIMUS_NODE_NAME=slot.node,
+        PRIMUS_NATS_URL=nats_url,
+        PRIMUS_CHECKPOINT_DIR=f"{config.checkpoint_mount_path.rstrip('/')}/{job}",
+        PRIMUS_CHECKPOINT_INTERVAL=str(spec.checkpoint_interval),
+        PRIMUS_DEVICE_SLOTS=str(slot.gpus),
+    )
+    env: list[dict[str, Any]] = [{"name": k, "value": v} for k, v in values.items()]
+    if config.nats_token_secret:
+        env.append({"name": "PRIMUS_NATS_TOKEN", "valueFrom": {"secretKeyRef": {
+            "name": config.nats_token_secret, "key": NATS_TOKEN_KEY}}})
+    return env
+
+
+def pod_manifest(job: str, attempt: int, spec: JobSpec, slot: WorkerSlot, *, world: int,
+                 config: KubernetesDriverConfig, nats_url: str) -> dict[str, Any]:
+    """One worker pod, bound to ``slot.node``. Pure."""
+    name = pod_name(job, attempt, slot.rank)
+    container: dict[str, Any] = {
+        "name": CONTAINER,
+        "image": config.image,
+        "command": list(spec.command),
+        "env": worker_env(job, attempt, spec, slot, world=world, config=config,
+                          nats_url=nats_url),
+        "ports": [{"name": "rendezvous", "containerPort": config.master_port,
+                   "protocol": "TCP"}],
+        "volumeMounts": [
+            {"name": "checkpoints", "mountPath": config.checkpoint_mount_path},
+            {"name": "dshm", "mountPath": "/dev/shm"},
+        ],
+    }
+    if spec.workdir:
+        container["workingDir"] = spec.workdir
+    if slot.gpus:
+        # Extended resources: requests must equal limits.
+        amount = {config.gpu_resource: str(slot.gpus)}
+        container["resources"] = {"requests": dict(amount), "limits": dict(amount)}
+    checkpoints: dict[str, Any] = (
+        {"name": "checkpoints", "persistentVolumeClaim": {"claimName": config.checkpoint_pvc}}
+        if config.checkpoint_pvc else {"name": "checkpoints", "emptyDir": {}})
+    pod_spec: dict[str, Any] = {
+        "nodeName": slot.node,
+        "hostname": name,
+        "subdomain": service_name(job, attempt),
+        "restartPolicy": "Never",
+        # Thousands of services would otherwise become env variables.
+        "enableServiceLinks": False,
+        "containers": [container],
+        # Collective libraries (RCCL/NCCL, DataLoader workers) need more
+        # shared memory than the runtime's 64 MiB default.
+        "volumes": [checkpoints, {"name": "dshm", "emptyDir": {"medium": "Memory"}}],
+    }
+    priority = priority_class(spec, config)
+    if priority:
+        pod_spec["priorityClassName"] = priority
+    if config.service_account:
+        pod_spec["serviceAccountName"] = config.service_account
+    else:
+        pod_spec["automountServiceAccountToken"] = False  # workers never call the API
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": name,
+            "namespace": config.namespace,
+            "labels": {**job_labels(job, attempt), LABEL_RANK: str(slot.rank)},
+            "annotations": {ANNOTATION_JOB_ID: job},
+        },
+        "spec": pod_spec,
+    }
+
+
+def gang_manifests(job: str, attempt: int, spec: JobSpec, slots: list[WorkerSlot], *,
+                   config: KubernetesDriverConfig,
+                   nats_url: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The service and the pods (in rank order) of one attempt. Pure."""
+    ordered = sorted(slots, key=lambda s: s.rank)
+    pods = [pod_manifest(job, attempt, spec, slot, world=len(ordered), config=config,
+                         nats_url=nats_url) for slot in ordered]
+    return service_manifest(job, attempt, config), pods
+
+
+# --------------------------------------------------------------------------- status
+
+
+@dataclass(frozen=True)
+class WorkerPod:
+    """What the platform needs to know of one worker pod."""
+
+    name: str
+    job: str
+    attempt: int
+    rank: int
+    node: str
+    started: bool
+    exit_code: int | None
+
+    def gone(self) -> WorkerPod:
+        """The same pod after it disappeared: ended, killed if it had not exited."""
+        code = KILLED_EXIT_CODE if self.exit_code is None else self.exit_code
+        return replace(self, exit_code=code)
+
+
+def read_worker_pod(pod: Mapping[str, Any], *, deleted: bool = False) -> WorkerPod | None:
+    """Map a pod object (as the API returns it) to a ``WorkerPod``. Pure.
+
+    Returns None for a pod that is not a primus-safe worker. ``started``: the
+    container ran (pod Running or Succeeded, container running, or terminated
+    after a start). ``exit_code``: the container's exit code once it
+    terminated; 0 for a Succeeded pod without container details; and
+    ``KILLED_EXIT_CODE`` for a pod that Failed or was deleted without a
+    termination record (evicted, node lost, rejected by the kubelet).
+    """
+    meta = pod.get("metadata") or {}
+    labels = meta.get("labels") or {}
+    job = (meta.get("annotations") or {}).get(ANNOTATION_JOB_ID)
+    if labels.get(MANAGED_BY) != MANAGER or not job:
+        return None
+    try:
+        attempt, rank = int(labels[LABEL_ATTEMPT]), int(labels[LABEL_RANK])
+    except (KeyError, ValueError):
+        return None
+    status = pod.get("status") or {}
+    phase = status.get("phase")
+    container = next((c for c in status.get("containerStatuses") or []
+                      if c.get("name") == CONTAINER), {})
+    state = container.get("state") or {}
+    terminated = state.get("terminated")
+    started = (phase in ("Running", "Succeeded") or bool(state.get("running"))
+               or bool(terminated and terminated.get("startedAt")))
+    exit_code: int | None = None
+    if terminated is not None and terminated.get("exitCode") is not None:
+        exit_code = int(terminated["exitCode"])
+    elif phase == "Succeeded":
+        exit_code = 0
+    elif phase == "Failed":
+        exit_code = KILLED_EXIT_CODE
+    view = WorkerPod(name=str(meta.get("name", "")), job=str(job), attempt=attempt, rank=rank,
+                     node=str((pod.get("spec") or {}).get("nodeName") or ""),
+                     started=started, exit_code=exit_code)
+    return view.gone() if deleted else view

@@ -1,0 +1,174 @@
+"""The bench service's own configuration file: periodic health probes, the
+standard level's sizes and timing, the fleet-judgement policy and absolute
+floors per GPU model.
+
+It is a separate YAML file (``PRIMUS_BENCH_CONFIG`` or a constructor
+argument) rather than part of the shared settings because operators tune it
+per fleet and change it while agents run: ``ConfigFile`` re-reads it when its
+modification time changes, and a file that does not validate is refused with
+its line and field while the last good configuration stays in force.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from libs.specs import SpecError, load_model
+
+CONFIG_ENV = "PRIMUS_BENCH_CONFIG"
+
+CheckKind = Literal["gpu_count", "gpu_temperature", "gpu_ecc", "gpu_pcie", "gpu_xgmi",
+                    "gpu_power", "gpu_vram", "gemm"]
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class CheckConfig(_Model):
+    """One periodic health probe."""
+
+    name: str = Field(min_length=1)
+    kind: CheckKind
+    interval_s: float = Field(default=60.0, gt=0)
+    timeout_s: float = Field(default=30.0, gt=0)
+    jitter_s: float = Field(default=0.0, ge=0, description="first run within [0, jitter) of start")
+    skip_if_running: bool = True
+    failures_before_report: int = Field(default=3, ge=1, description="consecutive failures")
+
+
+class GpuLimits(_Model):
+    """Thresholds of the GPU health checks; ``None`` switches a limit off."""
+
+    max_temp_c: float | None = 95.0
+    max_ecc_uncorrectable: int | None = 0
+    max_xgmi_errors: int | None = 0
+    min_pcie_width: int | None = None
+    min_pcie_speed_gts: float | None = None
+    max_power_over_cap: float | None = Field(default=1.10, description="power / power cap")
+    max_vram_used_fraction: float | None = None
+
+
+class Timing(_Model):
+    """How each figure is timed: ``repeats`` samples of at least ``sample_s``
+    each after ``warmup`` untimed calls; the figure is the median sample."""
+
+    warmup: int = Field(default=2, ge=0)
+    repeats: int = Field(default=7, ge=1)
+    sample_s: float = Field(default=0.06, gt=0)
+
+
+class StandardConfig(_Model):
+    gpu_gemm_sizes: list[int] = Field(default=[4096, 8192], min_length=1)
+    gpu_gemm_dtypes: list[Literal["bf16", "fp16", "fp32"]] = ["bf16", "fp16", "fp32"]
+    # bf16/fp16 matmul on a CPU is ~100x slower than fp32: only fp32 there.
+    cpu_gemm_sizes: list[int] = Field(default=[256, 512], min_length=1)
+    cpu_threads: int = Field(default=1, ge=1, description="torch threads per CPU device slot")
+    gpu_membw_bytes: int = Field(default=1 << 30, gt=0)
+    cpu_membw_bytes: int = Field(default=16 << 20, gt=0)
+    gpu_collective_bytes: list[int] = Field(default=[64 << 20, 256 << 20], min_length=1)
+    cpu_collective_bytes: list[int] = Field(default=[1 << 20], min_length=1)
+    cpu_collective_ranks: int = Field(default=2, ge=2)
+    collective_timeout_s: float = Field(default=120.0, gt=0)
+    train_steps: int = Field(default=24, ge=6)
+    train_batch: int = Field(default=16, ge=1)
+    train_seq: int = Field(default=32, ge=2)
+    max_step_time_spread: float = Field(
+        default=3.0, gt=1, description="p90/p50 of step times above this is unstable")
+    timing: Timing = Timing()
+    gpu_timing: Timing = Timing(warmup=3, repeats=7, sample_s=0.2)
+
+
+class FleetPolicy(_Model):
+    """When a node's figures are far enough below its GPU model's fleet."""
+
+    min_peers: int = Field(default=3, ge=1, description="fewer peers: abstain")
+    k: float = Field(default=3.0, gt=0, description="robust deviations below the median")
+    figure_drop: float = Field(default=0.20, gt=0, lt=1,
+                               description="one figure this far below the median is degraded")
+    node_drop: float = Field(default=0.05, gt=0, lt=1,
+                             description="the node's geometric-mean score this far below")
+    node_k: float = Field(default=2.0, gt=0, description="robust deviations of the node score")
+    min_figure_spread: float = Field(
+        default=0.01, gt=0, description="floor of a figure's relative spread when weighting")
+    fail_drop: float = Field(default=0.50, gt=0, lt=1,
+                             description="a figure this far below the median is a failure")
+    max_age_s: float = Field(default=7 * 24 * 3600.0, gt=0, description="older peers are ignored")
+
+
+class FullConfig(_Model):
+    port_base: int = Field(default=29600, ge=1024, le=65000)
+    port_span: int = Field(default=300, ge=1, le=500)
+    rendezvous_timeout_s: float = Field(default=60.0, gt=0)
+    internode_bytes: list[int] = Field(default=[1 << 20], min_length=1)
+    min_pair_fraction: float = Field(
+        default=0.5, gt=0, le=1, description="pair busbw below this share of the fleet fails")
+
+
+class BenchConfig(_Model):
+    probes: list[CheckConfig] = []
+    gpu_limits: GpuLimits = GpuLimits()
+    standard: StandardConfig = StandardConfig()
+    full: FullConfig = FullConfig()
+    fleet: FleetPolicy = FleetPolicy()
+    floors: dict[str, dict[str, float]] = Field(
+        default_factory=dict,
+        description="GPU model -> figure name -> lowest acceptable value (in the figure's unit)")
+
+    @model_validator(mode="after")
+    def _unique_names(self) -> BenchConfig:
+        names = [c.name for c in self.probes]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"probe names must be unique; repeated: {', '.join(dupes)}")
+        return self
+
+    def floors_for(self, gpu_model: str) -> dict[str, float]:
+        """Floors of the first configured model named in ``gpu_model`` (case-insensitive),
+        so 'MI300X' matches torch's 'AMD Instinct MI300X'."""
+        wanted = gpu_model.lower()
+        for model, floors in sorted(self.floors.items(), key=lambda kv: -len(kv[0])):
+            if model.lower() == wanted or model.lower() in wanted:
+                return floors
+        return {}
+
+
+class ConfigFile:
+    """The configuration from a file, re-read when its modification time changes.
+
+    ``current`` is always a valid configuration: the defaults without a file,
+    else the last version of the file that validated."""
+
+    def __init__(self, path: str | Path | None = None) -> None:
+        path = path or os.environ.get(CONFIG_ENV) or None
+        self.path = Path(path) if path else None
+        self.current = BenchConfig()
+        self.error: str | None = None
+        self._mtime: float | None = None
+        if self.path is not None:
+            self.reload()
+
+    def reload(self) -> bool:
+        """Re-read the file if it changed; True when a new configuration took effect.
+        Raises nothing: a bad or missing file sets ``error`` and keeps ``current``."""
+        if self.path is None:
+            return False
+        try:
+            mtime = self.path.stat().st_mtime
+        except OSError as exc:
+            self.error = f"{self.path}: cannot read the file: {exc.strerror}"
+            return False
+        if mtime == self._mtime:
+            return False
+        self._mtime = mtime
+        try:
+            config = load_model(self.path, BenchConfig)
+        except SpecError as exc:
+            self.error = str(exc)
+            return False
+        self.current, self.error = config, None
+        return True

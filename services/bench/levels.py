@@ -1,0 +1,123 @@
+"""What each bench level runs, in order, on this node.
+
+- quick (seconds): devices torch sees, a checked fp32 GEMM, the GPU tool's
+  readings (count, temperature, ECC, PCIe link, XGMI, power, VRAM).
+- standard (about a minute on a GPU node, seconds on a CPU): quick, plus GEMM
+  per dtype and size, memory bandwidth, intra-node all-reduce / all-gather
+  and a trial training run.
+- full: standard, plus this node's share of a multi-node collective with a
+  partner the coordinator chose (the agent adds that part: see agent.py).
+
+Everything here blocks (torch); the agent runs it in a worker thread and
+passes ``progress`` to hear each step as it starts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from libs.events import BenchCheck, BenchRendezvous, Figure
+from services.bench import collectives, probes, standard
+from services.bench.config import BenchConfig
+from services.bench.fleet import Outcome
+from services.bench.verdict import judge_checks, judge_quick
+
+Progress = Callable[[str], None]
+
+
+@dataclass
+class LevelRun:
+    device: str
+    device_count: int
+    device_name: str
+    dtype: str = "fp32"
+    figures: list[Figure] = field(default_factory=list)
+    checks: list[BenchCheck] = field(default_factory=list)
+    outcome: Outcome = "healthy"
+    reason: str = ""
+
+    def judge(self) -> LevelRun:
+        self.outcome, self.reason = judge_checks(self.checks)
+        return self
+
+
+def _quiet(_: str) -> None:
+    pass
+
+
+def _set_cpu_threads(kind: str, config: BenchConfig) -> None:
+    if kind == "cpu":
+        import torch
+
+        torch.set_num_threads(config.standard.cpu_threads)
+
+
+def quick(*, config: BenchConfig, expected_devices: int | None,
+          progress: Progress = _quiet) -> LevelRun:
+    progress("devices and GEMM")
+    kind, _, _, _ = probes.detect_device()
+    _set_cpu_threads(kind, config)
+    measured = probes.quick()
+    verdict = judge_quick(device_count=measured.device_count, expected_devices=expected_devices,
+                          gemm_tflops=measured.gemm_tflops, gemm_error=measured.gemm_max_abs_error)
+    run = LevelRun(measured.device, measured.device_count, measured.device_name, measured.dtype,
+                   list(measured.figures))
+    run.checks.append(BenchCheck(name="quick", status="ok" if verdict.passed else "failed",
+                                 detail=verdict.reason))
+    progress("GPU tool readings")
+    checks, figures, _ = probes.gpu_readings(
+        expected=expected_devices if measured.device != "cpu" else None,
+        limits=config.gpu_limits)
+    run.checks += checks
+    run.figures += [f for f in figures if f.name != "gpu_count"]
+    return run.judge()
+
+
+def standard_level(*, config: BenchConfig, expected_devices: int | None,
+                   progress: Progress = _quiet) -> LevelRun:
+    run = quick(config=config, expected_devices=expected_devices, progress=progress)
+    kind, cfg = run.device, config.standard
+    gpus = run.device_count if kind != "cpu" else 0
+    steps: list[tuple[str, Callable[[], tuple[list[Figure], list[BenchCheck]]]]] = [
+        ("GEMM", lambda: _pair(standard.gemm_suite(kind, cfg))),
+        ("memory bandwidth", lambda: _pair(standard.memory_bandwidth(kind, cfg))),
+        ("intra-node collectives", lambda: collectives.intra_node(
+            gpus=gpus, sizes=cfg.cpu_collective_bytes if kind == "cpu"
+            else cfg.gpu_collective_bytes, cpu_ranks=cfg.cpu_collective_ranks,
+            timing=standard.timing_for(kind, cfg), timeout_s=cfg.collective_timeout_s)),
+        ("trial training", lambda: _pair(standard.trial_training(kind, cfg))),
+    ]
+    for label, step in steps:
+        progress(label)
+        try:
+            figures, checks = step()
+        except Exception as exc:  # a broken kernel is a failed check, not a dead agent
+            figures, checks = [], [BenchCheck(name=label.replace(" ", "_"), status="failed",
+                                              detail=f"{type(exc).__name__}: {exc}"[:300])]
+        run.figures += figures
+        run.checks += checks
+    return run.judge()
+
+
+def multi_node(rdv: BenchRendezvous, node: str, *, config: BenchConfig,
+               progress: Progress = _quiet) -> LevelRun:
+    """Only this node's share of a multi-node collective."""
+    kind, count, name, _ = probes.detect_device()
+    progress(f"collective with {', '.join(n for n in rdv.nodes if n != node)}")
+    gpus = count if kind != "cpu" else 0
+    figures, checks = collectives.inter_node(
+        rdv, node, gpus=gpus, sizes=config.full.internode_bytes,
+        timing=standard.timing_for(kind, config.standard))
+    return LevelRun(kind, count, name, "fp32", figures, checks).judge()
+
+
+def run_level(level: str, *, config: BenchConfig, expected_devices: int | None,
+              progress: Progress = _quiet) -> LevelRun:
+    if level == "quick":
+        return quick(config=config, expected_devices=expected_devices, progress=progress)
+    return standard_level(config=config, expected_devices=expected_devices, progress=progress)
+
+
+def _pair(results: standard.Results) -> tuple[list[Figure], list[BenchCheck]]:
+    return results.figures, results.checks

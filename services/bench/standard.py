@@ -1,0 +1,181 @@
+"""Standard-level kernels on this node's device: GEMM per dtype and size,
+memory bandwidth (copy and triad, as in STREAM) and a trial training run of
+a small transformer. Each returns figures with units and pass/fail checks;
+judging them is left to ``verdict`` and ``fleet``.
+
+On a CPU only fp32 GEMM is measured: bf16/fp16 matmul there runs through
+slow paths (~100x slower than fp32) and says nothing about the node, so the
+result carries a "skipped" check saying so instead of a misleading figure.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from libs.events import BenchCheck, Figure
+from services.bench.config import StandardConfig, Timing
+from services.bench.measure import Timing as Measured
+from services.bench.measure import thread_queue_delay_s, time_kernel
+from services.bench.verdict import training_checks
+
+
+@dataclass
+class Results:
+    figures: list[Figure] = field(default_factory=list)
+    checks: list[BenchCheck] = field(default_factory=list)
+
+    def extend(self, other: Results) -> Results:
+        self.figures += other.figures
+        self.checks += other.checks
+        return self
+
+
+def _torch_device(kind: str) -> str:
+    return "cuda" if kind in ("cuda", "rocm") else "cpu"
+
+
+def _timer(kind: str, timing: Timing) -> Callable[[Callable[[], object]], Measured]:
+    import torch
+
+    gpu = kind != "cpu"
+
+    def run(fn: Callable[[], object]) -> Measured:
+        return time_kernel(fn, repeats=timing.repeats, sample_s=timing.sample_s,
+                           warmup=timing.warmup,
+                           sync=torch.cuda.synchronize if gpu else None,
+                           queue_delay=None if gpu else thread_queue_delay_s)
+    return run
+
+
+def timing_for(kind: str, config: StandardConfig) -> Timing:
+    return config.timing if kind == "cpu" else config.gpu_timing
+
+
+def gemm_suite(kind: str, config: StandardConfig) -> Results:
+    import torch
+
+    dtypes = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+    device = _torch_device(kind)
+    sizes = config.cpu_gemm_sizes if kind == "cpu" else config.gpu_gemm_sizes
+    wanted = ["fp32"] if kind == "cpu" else list(config.gpu_gemm_dtypes)
+    timer = _timer(kind, timing_for(kind, config))
+    out = Results()
+    if kind == "cpu":
+        out.checks.append(BenchCheck(
+            name="gemm_bf16_fp16", status="skipped",
+            detail="CPU device: bf16/fp16 matmul is ~100x slower than fp32 there; "
+                   "only fp32 is measured"))
+    gen = torch.Generator(device="cpu").manual_seed(0)
+    for dtype_name in wanted:
+        for size in sizes:
+            a = torch.randn(size, size, generator=gen).to(device=device, dtype=dtypes[dtype_name])
+            b = torch.randn(size, size, generator=gen).to(device=device, dtype=dtypes[dtype_name])
+            c = torch.empty_like(a)
+            t = timer(lambda a=a, b=b, c=c: torch.mm(a, b, out=c))
+            name = f"gemm_{dtype_name}_{size}"
+            finite = bool(torch.isfinite(c).all().item())
+            out.figures.append(Figure(name=f"{name}_tflops",
+                                      value=round(2 * size**3 / t.seconds / 1e12, 6),
+                                      unit="TFLOPS"))
+            out.checks.append(BenchCheck(
+                name=name, status="ok" if finite else "failed",
+                detail=f"median of {len(t.samples)} samples, spread {t.spread:.2f}"
+                if finite else "result has NaN/Inf"))
+            del a, b, c
+    return out
+
+
+def memory_bandwidth(kind: str, config: StandardConfig) -> Results:
+    """STREAM-style copy (2 x bytes moved) and triad a = b + s*c (3 x bytes)."""
+    import torch
+
+    device = _torch_device(kind)
+    nbytes = config.cpu_membw_bytes if kind == "cpu" else config.gpu_membw_bytes
+    n = nbytes // 4
+    timer = _timer(kind, timing_for(kind, config))
+    a = torch.empty(n, device=device)
+    b = torch.full((n,), 1.0, device=device)
+    c = torch.full((n,), 2.0, device=device)
+    copy = timer(lambda: a.copy_(b))
+    triad = timer(lambda: torch.add(b, c, alpha=3.0, out=a))
+    right = bool(torch.allclose(a[:1024], torch.full((1024,), 7.0, device=device)))
+    out = Results(figures=[
+        Figure(name="membw_copy_gbps", value=round(2 * n * 4 / copy.seconds / 1e9, 3),
+               unit="GB/s"),
+        Figure(name="membw_triad_gbps", value=round(3 * n * 4 / triad.seconds / 1e9, 3),
+               unit="GB/s"),
+    ])
+    out.checks.append(BenchCheck(name="membw", status="ok" if right else "failed",
+                                 detail=f"{nbytes / 2**20:.0f} MiB arrays" if right
+                                 else "triad result wrong"))
+    return out
+
+
+def _tiny_lm(vocab: int, dim: int) -> object:
+    from torch import nn
+
+    class TinyLM(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.embed = nn.Embedding(vocab, dim)
+            layer = nn.TransformerEncoderLayer(dim, nhead=4, dim_feedforward=2 * dim,
+                                               batch_first=True, dropout=0.0)
+            self.body = nn.TransformerEncoder(layer, num_layers=2, enable_nested_tensor=False)
+            self.head = nn.Linear(dim, vocab)
+
+        def forward(self, tokens: object) -> object:
+            return self.head(self.body(self.embed(tokens)))
+
+    return TinyLM()
+
+
+def trial_training(kind: str, config: StandardConfig) -> Results:
+    """A few steps of a small transformer on a learnable sequence task (next
+    token = token + 1): the loss must stay finite and fall, and the step time
+    must be steady. Tokens per second is judged against the fleet."""
+    import torch
+
+    device = _torch_device(kind)
+    vocab, dim = 64, 64 if kind == "cpu" else 512
+    torch.manual_seed(0)
+    model = _tiny_lm(vocab, dim).to(device)  # type: ignore[attr-defined]
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    loss_fn = torch.nn.CrossEntropyLoss()
+    gen = torch.Generator().manual_seed(0)
+    batch, seq = config.train_batch, config.train_seq
+    losses: list[float] = []
+    step_times: list[float] = []
+
+    def step() -> None:
+        q0, t0 = thread_queue_delay_s(), time.perf_counter()
+        start = torch.randint(0, vocab, (batch, 1), generator=gen)
+        tokens = ((start + torch.arange(seq + 1)) % vocab).to(device)
+        logits = model(tokens[:, :-1])
+        loss = loss_fn(logits.reshape(-1, vocab), tokens[:, 1:].reshape(-1))
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        losses.append(float(loss.item()))  # .item() synchronises a GPU
+        queued = thread_queue_delay_s() - q0 if kind == "cpu" else 0.0
+        step_times.append(max(time.perf_counter() - t0 - queued, 1e-9))
+
+    timing = timing_for(kind, config)
+    t = _timer(kind, timing)(step)
+    while len(losses) < config.train_steps:  # a fast device: enough steps to learn
+        step()
+    tokens_per_s = batch * seq / t.seconds
+    out = Results(figures=[
+        Figure(name="train_tokens_per_s", value=round(tokens_per_s, 1), unit="tokens/s"),
+        Figure(name="train_step_ms", value=round(1000 * t.seconds, 3), unit="ms"),
+        Figure(name="train_steps", value=len(losses), unit="steps"),
+        Figure(name="train_loss_first", value=round(losses[0], 4) if losses else math.nan,
+               unit="nats"),
+        Figure(name="train_loss_last", value=round(losses[-1], 4) if losses else math.nan,
+               unit="nats"),
+    ])
+    out.checks += training_checks(losses, step_times[timing.warmup:],
+                                  max_spread=config.max_step_time_spread)
+    return out

@@ -1,0 +1,181 @@
+"""The alert loop: asks the store what happened, feeds the rules, publishes.
+
+Collector replicas share the telemetry consumer, so no replica sees every
+sample; ClickHouse does. One replica at a time (the holder of a lease in the
+``lens-leader`` KV bucket, which expires when its holder stops renewing it)
+queries each window of ``interval_s`` (ending ``lag_s`` ago, so late rows
+are in) for what the rules need: only the GPUs above a clear level or with
+an open alert, each job's progress, losses, throughput and newest
+checkpoint, and each node's newest sample. The transitions go out as
+``lens.alert`` events with ids derived from the alert, so a second
+evaluator's copies are dropped by the bus; the collector stores them from
+the CONTROL stream like any event.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
+from typing import Any
+
+from nats.js import JetStreamContext, api
+from nats.js.errors import KeyWrongLastSequenceError
+
+from libs.events import LensAlert, LensAlertData
+from libs.logs import get_logger
+from services.lens_collector.alerts import AlertEngine, GpuReading, JobReading, Transition
+
+Query = Callable[[str, dict[str, Any]], Awaitable[list[tuple[Any, ...]]]]
+Publish = Callable[[LensAlert], Awaitable[Any]]
+
+_WINDOW = ("time >= fromUnixTimestamp64Milli({frm:Int64}, 'UTC') "
+           "AND time < fromUnixTimestamp64Milli({to:Int64}, 'UTC')")
+GPU_SQL = f"""SELECT node, gpu, max({{sensor}}) AS temp,
+       max(if(vram_total_bytes > 0, vram_used_bytes / vram_total_bytes, NULL)) AS vram,
+       max(if(power_cap_w > 0, power_w / power_cap_w, NULL)) AS power
+FROM {{db}}.gpu_metrics WHERE {_WINDOW}
+GROUP BY node, gpu
+HAVING temp > {{t:Float64}} OR vram > {{v:Float64}} OR power > {{p:Float64}}
+    OR concat(node, '/gpu', toString(gpu)) IN {{open:Array(String)}}"""
+JOB_SQL = f"""SELECT job, max(iteration), countIf(isNaN(loss) OR isInfinite(loss)),
+       countIf(isFinite(loss)), avgIf(throughput, checkpoint_path IS NULL),
+       toUnixTimestamp64Milli(maxIf(time, checkpoint_path IS NOT NULL)),
+       toUnixTimestamp64Milli(max(time))
+FROM {{db}}.job_metrics WHERE {_WINDOW} GROUP BY job"""
+NODE_SQL = f"""SELECT node, toUnixTimestamp64Milli(max(time)) FROM {{db}}.node_metrics
+WHERE {_WINDOW} GROUP BY node"""
+ENDED_SQL = """SELECT DISTINCT job FROM {db}.events
+WHERE type IN ('job.completed', 'job.failed')
+  AND time >= fromUnixTimestamp64Milli({frm:Int64}, 'UTC')"""
+OPEN_SQL = """SELECT rule, subject_key, nullIf(node, ''), nullIf(job, ''), gpu, value, threshold,
+       severity, message, toUnixTimestamp64Milli(opened_at)
+FROM {db}.alerts FINAL WHERE state = 'open'
+  AND alert_id NOT IN (SELECT alert_id FROM {db}.alerts WHERE state = 'closed')"""
+
+
+class Lease:
+    """Leader election over a KV key that expires unless its holder renews it."""
+
+    def __init__(self, js: JetStreamContext, holder: str, *, bucket: str = "lens-leader",
+                 key: str = "alerts", ttl_s: float = 10.0) -> None:
+        self.js, self.holder, self.bucket, self.key, self.ttl_s = js, holder, bucket, key, ttl_s
+        self._revision: int | None = None
+        self._kv: Any = None
+
+    async def hold(self) -> bool:
+        """Renew or take the lease; True while this holder has it."""
+        if self._kv is None:
+            self._kv = await self.js.create_key_value(api.KeyValueConfig(
+                bucket=self.bucket, ttl=self.ttl_s, history=1, storage=api.StorageType.FILE,
+                description="lens-collector: which replica evaluates alerts"))
+        value = self.holder.encode()
+        if self._revision is not None:
+            try:
+                self._revision = await self._kv.update(self.key, value, last=self._revision)
+                return True
+            except Exception:
+                self._revision = None
+        try:
+            self._revision = await self._kv.create(self.key, value)
+            return True
+        except KeyWrongLastSequenceError:
+            return False
+
+
+class AlertLoop:
+    def __init__(self, engine: AlertEngine, *, query: Query, publish: Publish, source: str,
+                 interval_s: float = 5.0, lag_s: float = 2.0,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.engine, self.query, self.publish, self.source = engine, query, publish, source
+        self.interval_s, self.lag_s, self.clock = interval_s, lag_s, clock
+        self.watermark: float | None = None
+        self.published = 0
+        self._log = get_logger(component="alerts")
+
+    async def run(self, lease: Lease | None) -> None:
+        while True:
+            try:
+                if lease is None or await lease.hold():
+                    await self.evaluate()
+                else:
+                    self.watermark = None  # another replica evaluates; start over if we take over
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # the store or the bus is away: try next time
+                self._log.warning("alert evaluation failed", error=repr(exc))
+            await asyncio.sleep(self.interval_s)
+
+    async def evaluate(self) -> list[Transition]:
+        """One window: query, feed the rules, publish what opened or closed."""
+        to = int((self.clock() - self.lag_s) * 1000)
+        out: list[Transition] = []
+        if self.watermark is None:
+            out += await self._resume(to)
+        frm = int(self.watermark * 1000) if self.watermark is not None else to - 1000 * int(
+            self.interval_s)
+        at = to / 1000
+        window = {"frm": frm, "to": to}
+        c = self.engine.config
+        t, v, p = c.clear_levels()
+        gpu_rows = await self.query(GPU_SQL.replace("{sensor}", c.gpu_temp_sensor), {
+            **window, "t": t, "v": v, "p": p, "open": self.engine.open_gpu_keys()})
+        out += self.engine.gpu_window(at, {(r[0], int(r[1])): GpuReading(r[2], r[3], r[4])
+                                          for r in gpu_rows})
+        jobs = await self.query(JOB_SQL, window)
+        out += self.engine.job_window(at, {r[0]: _job_reading(r) for r in jobs})
+        nodes = await self.query(NODE_SQL, window)
+        out += self.engine.node_window(at, {r[0]: r[1] / 1000 for r in nodes})
+        out += self.engine.tick(at)
+        self.watermark = at
+        for transition in out:
+            await self.publish(alert_event(transition, self.source))
+            self.published += 1
+        return out
+
+    async def job_ended(self, job: str, at: float) -> None:
+        for transition in self.engine.job_ended(job, at):
+            with contextlib.suppress(Exception):
+                await self.publish(alert_event(transition, self.source))
+
+    async def _resume(self, to: int) -> list[Transition]:
+        """After a (re)start: reopen what the store says is open, and learn the
+        last hour's nodes and jobs, so silence since then is noticed."""
+        hour = {"frm": to - 3_600_000, "to": to}
+        self.engine.restore([_open_alert(r) for r in await self.query(OPEN_SQL, {})])
+        ended = {r[0] for r in await self.query(ENDED_SQL, hour)}
+        for row in await self.query(JOB_SQL, hour):
+            if row[0] not in ended:
+                self.engine.job_window(row[6] / 1000, {row[0]: _job_reading(row)})
+        self.engine.node_window(to / 1000, {r[0]: r[1] / 1000
+                                            for r in await self.query(NODE_SQL, hour)})
+        self.watermark = (to - 1000 * int(self.interval_s)) / 1000
+        return []
+
+
+def alert_event(t: Transition, source: str) -> LensAlert:
+    def utc(seconds: float) -> datetime:
+        return datetime.fromtimestamp(seconds, UTC)
+
+    return LensAlert(
+        id=f"{t.alert_id}-{t.state}", source=source, time=utc(t.at), node=t.node, job=t.job,
+        data=LensAlertData(alert_id=t.alert_id, rule=t.rule, state=t.state,
+                           severity=t.severity, subject_key=t.key, gpu=t.gpu, value=t.value,
+                           threshold=t.threshold, message=t.message,
+                           opened_at=utc(t.opened_at)))
+
+
+def _job_reading(row: tuple[Any, ...]) -> JobReading:
+    checkpoint = row[5] / 1000 if row[5] else None  # maxIf of nothing is the epoch
+    return JobReading(iteration=row[1], nonfinite_losses=row[2], finite_losses=row[3],
+                      throughput=row[4] if row[4] == row[4] else None,  # avg of none is NaN
+                      last_checkpoint=checkpoint)
+
+
+def _open_alert(row: tuple[Any, ...]) -> Transition:
+    rule, key, node, job, gpu, value, threshold, severity, message, opened = row
+    return Transition(rule=rule, state="open", key=key, opened_at=opened / 1000,
+                      at=opened / 1000, node=node, job=job, gpu=gpu, value=value,
+                      threshold=threshold, severity=severity, message=message)

@@ -1,0 +1,62 @@
+"""The scheduler's configuration file: priority classes, workspaces (quota,
+node pools, queue policy, preemption) and preemption timing. Loaded once at
+start from ``PRIMUS_SCHEDULER_CONFIG`` (YAML); without a file there is one
+``default`` workspace with FIFO, no quota and preemption on."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from libs.events import Frozen
+from libs.specs import load_model
+from services.scheduler.policy import SchedulerConfig, Workspace
+from services.scheduler.policy.model import DEFAULT_PRIORITIES
+
+
+class WorkspaceConfig(Frozen):
+    name: str
+    quota_gpus: int | None = Field(default=None, ge=0, description="GPUs in use at most")
+    quota_by_model: dict[str, int] = Field(default_factory=dict)
+    node_pools: list[str] = Field(default_factory=list, description="empty: every pool")
+    queue_policy: Literal["fifo", "balance"] = "fifo"
+    preemption: bool = True
+
+    def policy(self) -> Workspace:
+        return Workspace(name=self.name, quota_gpus=self.quota_gpus,
+                         quota_by_model=dict(self.quota_by_model),
+                         node_pools=frozenset(self.node_pools), queue_policy=self.queue_policy,
+                         preemption=self.preemption)
+
+
+class SchedulerFile(Frozen):
+    priorities: dict[str, int] = Field(default_factory=lambda: dict(DEFAULT_PRIORITIES))
+    preemption: bool = True
+    cross_workspace_preemption: bool = False
+    preemption_grace_s: float = Field(default=30.0, ge=0,
+                                      description="time a victim has to checkpoint and stop")
+    workspaces: list[WorkspaceConfig] = Field(
+        default_factory=lambda: [WorkspaceConfig(name="default")], min_length=1)
+
+    @model_validator(mode="after")
+    def _check(self) -> SchedulerFile:
+        names = [w.name for w in self.workspaces]
+        if len(set(names)) != len(names):
+            raise ValueError("workspace names must be unique")
+        missing = {"low", "medium", "high"} - set(self.priorities)
+        if missing:
+            raise ValueError(f"priorities must define {', '.join(sorted(missing))}")
+        return self
+
+    def policy(self) -> SchedulerConfig:
+        return SchedulerConfig(priorities=dict(self.priorities), preemption=self.preemption,
+                               cross_workspace_preemption=self.cross_workspace_preemption)
+
+    def workspace_policies(self) -> list[Workspace]:
+        return [w.policy() for w in self.workspaces]
+
+
+def load(path: Path | None) -> SchedulerFile:
+    return SchedulerFile() if path is None else load_model(path, SchedulerFile)

@@ -1,0 +1,130 @@
+"""The scheduler's own records and their translation into the policy's
+snapshot (pure: no I/O, the clock is passed in).
+
+``SchedulerState`` is the shell's memory: nodes as bootstrap described them
+and jobs with their lifecycle. Each cycle ``snapshot`` turns it into the
+frozen ``policy.Snapshot``; jobs the policy should not see yet (retry
+back-off, unknown workspace) are answered here with their own reason.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from libs.events import JobSpec, WorkerSlot
+from services.scheduler import policy
+
+JobStatus = Literal["pending", "running", "terminating", "completed", "failed"]
+# After a gang is stopped, what becomes of the job once every rank has exited.
+AfterStop = Literal["requeue", "fail", "preempted"]
+
+_NODE_STATE: dict[str, policy.NodeState] = {
+    "ready": "ready", "cordoned": "cordoned", "quarantined": "faulted",
+}
+
+
+@dataclass
+class NodeView:
+    name: str
+    gpus: int
+    gpu_model: str
+    ip: str
+    rack: str = ""
+    switch: str = ""
+    pool: str = "default"
+    state: str = "registered"
+
+
+@dataclass
+class JobRecord:
+    id: str
+    spec: JobSpec
+    submitted_at: float
+    status: JobStatus = "pending"
+    attempt: int = 0  # placements so far
+    retries: int = 0  # failed attempts so far (preemptions do not count)
+    slots: list[WorkerSlot] = field(default_factory=list)
+    exits: dict[int, int] = field(default_factory=dict)
+    started_at: float | None = None
+    not_before: float = 0.0  # retry back-off
+    recovering: bool = False
+    preempted: bool = False
+    exclude_nodes: list[str] = field(default_factory=list)
+    prefer_nodes: list[str] = field(default_factory=list)
+    after_stop: AfterStop | None = None
+    stop_requested_at: float | None = None
+    reason: str = ""
+    code: str = ""
+    position: int = 0
+
+    @property
+    def holds_gpus(self) -> bool:
+        return self.status in ("running", "terminating")
+
+
+@dataclass
+class SchedulerState:
+    nodes: dict[str, NodeView] = field(default_factory=dict)
+    jobs: dict[str, JobRecord] = field(default_factory=dict)
+    reservations: dict[str, tuple[str, ...]] = field(default_factory=dict)
+
+
+def retry_backoff_s(retries: int) -> float:
+    """Wait before retrying a failed job: 5 s, 10 s, 20 s … capped at 5 min.
+    Long enough that failover has quarantined a dead node before the retry."""
+    return min(300.0, 5.0 * 2 ** max(0, retries - 1))
+
+
+def policy_job(job: JobRecord) -> policy.Job:
+    s = job.spec
+    return policy.Job(
+        id=job.id, workspace=s.workspace, workers=s.workers, gpus_per_worker=s.gpus_per_worker,
+        priority=s.priority, submitted_at=job.submitted_at, max_retry=s.max_retry,
+        retries=job.retries, min_runtime_s=s.min_runtime_s, preemptible=s.preemptible,
+        gpu_models=frozenset({s.gpu_model}) if s.gpu_model else frozenset(),
+        unit_workers=s.unit_workers, unit_scope=s.unit_scope, recovering=job.recovering,
+        preempted=job.preempted, exclude_nodes=frozenset(job.exclude_nodes),
+        prefer_nodes=frozenset(job.prefer_nodes), started_at=job.started_at,
+        expected_runtime_s=s.expected_runtime_s,
+    )
+
+
+def snapshot(state: SchedulerState, workspaces: list[policy.Workspace], now: float,
+             ) -> tuple[policy.Snapshot, dict[str, policy.Pending]]:
+    """The policy's view, and the pending jobs answered before the policy."""
+    known = {w.name for w in workspaces}
+    nodes = [policy.Node(name=n.name, gpus=n.gpus, gpu_model=n.gpu_model, rack=n.rack,
+                         switch=n.switch, ip=n.ip, state=_NODE_STATE.get(n.state, "unready"),
+                         pool=n.pool)
+             for n in state.nodes.values()]
+    running, pending = [], []
+    held: dict[str, policy.Pending] = {}
+    for job in state.jobs.values():
+        if job.holds_gpus:
+            running.append(policy.Allocation(
+                job=policy_job(job), slots=tuple((s.node, s.gpus) for s in job.slots),
+                terminating=job.status == "terminating"))
+        elif job.status == "pending":
+            if job.spec.workspace not in known:
+                held[job.id] = policy.Pending(
+                    1, f"workspace {job.spec.workspace!r} is not configured; known: "
+                       f"{', '.join(sorted(known))}", "invalid")
+            elif job.not_before > now:
+                held[job.id] = policy.Pending(
+                    1, f"retry {job.retries + 1} in {job.not_before - now:.0f} s", "backoff")
+            else:
+                pending.append(policy_job(job))
+    snap = policy.Snapshot(nodes=nodes, workspaces=workspaces, running=running,
+                           pending=pending, reservations=dict(state.reservations))
+    return snap, held
+
+
+def used_gpus(state: SchedulerState) -> dict[str, int]:
+    """GPUs held per node by running and terminating jobs (for invariants)."""
+    used = dict.fromkeys(state.nodes, 0)
+    for job in state.jobs.values():
+        if job.holds_gpus:
+            for slot in job.slots:
+                used[slot.node] = used.get(slot.node, 0) + slot.gpus
+    return used

@@ -1,0 +1,264 @@
+"""The KubernetesDriver against a recording HTTP endpoint that speaks enough of
+the Kubernetes API: the real ``kubernetes`` client sends the service first,
+then the pods exactly as built; stop deletes them with the grace period;
+scripted pod watch events come out as worker.started / worker.exited events
+exactly once each, across a 410 Gone re-list."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from typing import Any
+
+import pytest
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from libs.drivers.k8s_manifests import (
+    KILLED_EXIT_CODE,
+    WATCH_SELECTOR,
+    gang_manifests,
+    job_selector,
+    pod_name,
+    service_name,
+)
+from libs.drivers.kubernetes import KubernetesDriver, KubernetesDriverConfig
+from libs.events import Event, JobSpec, WorkerExited, WorkerSlot, WorkerStarted
+from tests.drivers.k8s_fake_api import FakeKubeApi
+
+pytestmark = pytest.mark.timeout(60)
+
+NS = "train"
+PODS = f"/api/v1/namespaces/{NS}/pods"
+SERVICES = f"/api/v1/namespaces/{NS}/services"
+CONFIG = KubernetesDriverConfig(namespace=NS, image="rocm/pytorch:rocm6.2",
+                                checkpoint_pvc="ckpt")
+NATS = "nats://nats.primus:4222"
+JOB = "Tiny_DDP-1"
+SPEC = JobSpec(name="tiny", workers=2, gpus_per_worker=8, command=["python", "train.py"],
+               priority="high", checkpoint_interval=20)
+SLOTS = [WorkerSlot(rank=1, node="node-b", gpus=8), WorkerSlot(rank=0, node="node-a", gpus=8)]
+RUNNING = {"running": {"startedAt": "2025-01-01T00:00:00Z"}}
+
+
+def terminated(code: int) -> dict[str, Any]:
+    return {"terminated": {"exitCode": code, "startedAt": "2025-01-01T00:00:00Z",
+                           "finishedAt": "2025-01-01T00:01:00Z"}}
+
+
+def with_status(pod: dict[str, Any], phase: str,
+                state: dict[str, Any] | None = None) -> dict[str, Any]:
+    status: dict[str, Any] = {"phase": phase}
+    if state is not None:
+        status["containerStatuses"] = [{"name": "worker", "state": state}]
+    return {**pod, "status": status}
+
+
+async def wait_until(check: Callable[[], bool], timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, "timed out"
+        await asyncio.sleep(0.02)
+
+
+def summary(events: list[Event]) -> list[tuple[Any, ...]]:
+    out: list[tuple[Any, ...]] = []
+    for e in events:
+        if isinstance(e, WorkerStarted):
+            out.append((e.id, e.type, e.job, e.node, e.data.attempt, e.data.rank, e.data.pid))
+        elif isinstance(e, WorkerExited):
+            out.append((e.id, e.type, e.job, e.node, e.data.attempt, e.data.rank,
+                        e.data.exit_code))
+    return out
+
+
+@pytest.fixture
+def api() -> Iterator[FakeKubeApi]:
+    server = FakeKubeApi().start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def events() -> list[Event]:
+    return []
+
+
+@pytest.fixture
+async def driver(api: FakeKubeApi, events: list[Event]) -> AsyncIterator[KubernetesDriver]:
+    async def sink(event: Event) -> None:
+        events.append(event)
+
+    api_client = client.ApiClient(client.Configuration(host=api.url))
+    drv = KubernetesDriver(CONFIG, sink, nats_url=NATS, api_client=api_client,
+                           watch_timeout_s=30, stop_wait_s=2.0)
+    try:
+        yield drv
+    finally:
+        await drv.close()
+        api_client.close()
+
+
+async def test_launch_sends_service_then_pods_and_reports_each_event_once(
+        api: FakeKubeApi, driver: KubernetesDriver, events: list[Event]) -> None:
+    await driver.start()
+    await wait_until(lambda: api.watches_opened == 1)
+    await driver.launch(JOB, 2, SPEC, SLOTS)
+
+    service, pods = gang_manifests(JOB, 2, SPEC, SLOTS, config=CONFIG, nats_url=NATS)
+    writes = api.requests(method="POST")
+    assert [(c.path, c.status) for c in writes] == [(SERVICES, 201), (PODS, 201), (PODS, 201)]
+    # What went over the wire is exactly what the builders made.
+    assert writes[0].body == service
+    sent = sorted((c.body for c in writes[1:]), key=lambda p: p["metadata"]["name"])
+    assert sent == sorted(pods, key=lambda p: p["metadata"]["name"])
+    by_rank = {int(p["metadata"]["labels"]["primus-safe/rank"]): p for p in sent}
+    assert by_rank[0]["spec"]["nodeName"] == "node-a"
+    assert by_rank[1]["spec"]["nodeName"] == "node-b"
+    env1 = {e["name"]: e.get("value") for e in by_rank[1]["spec"]["containers"][0]["env"]}
+    assert env1["MASTER_ADDR"] == (f"{pod_name(JOB, 2, 0)}.{service_name(JOB, 2)}"
+                                   f".{NS}.svc.cluster.local")
+    assert (env1["RANK"], env1["WORLD_SIZE"], env1["PRIMUS_JOB_ID"]) == ("1", "2", JOB)
+    assert by_rank[1]["spec"]["containers"][0]["resources"]["limits"] == {"amd.com/gpu": "8"}
+    assert by_rank[1]["spec"]["priorityClassName"] == "primus-safe-high"
+
+    p0, p1 = (api.pods[pod_name(JOB, 2, r)] for r in (0, 1))
+    api.push("ADDED", with_status(p0, "Pending"))
+    api.push("MODIFIED", with_status(p0, "Running", RUNNING))
+    api.push("MODIFIED", with_status(p0, "Running", RUNNING))  # no second start
+    api.push("MODIFIED", with_status(p1, "Running", RUNNING))
+    api.push("MODIFIED", with_status(p0, "Succeeded", terminated(0)))
+    api.push("MODIFIED", with_status(p1, "Failed", terminated(137)))
+    api.pods.pop(p0["metadata"]["name"])
+    api.push("DELETED", with_status(p0, "Succeeded", terminated(0)))  # no second exit
+    await wait_until(lambda: len(events) >= 4)
+
+    # 410 Gone: the driver lists again and watches from the new list's version.
+    api.push("ERROR", {"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": 410,
+                       "reason": "Expired", "message": "too old resource version"})
+    await wait_until(lambda: api.watches_opened == 2)
+    # Last, a pod deleted without a termination record: started, then killed.
+    other = gang_manifests("other", 1, SPEC, [WorkerSlot(rank=0, node="node-c", gpus=8)],
+                           config=CONFIG, nats_url=NATS)[1][0]
+    api.push("ADDED", with_status(other, "Running", RUNNING))
+    api.push("DELETED", with_status(other, "Running", RUNNING))
+    await wait_until(lambda: len(events) >= 6)
+    await asyncio.sleep(0.2)  # nothing else may follow
+
+    started, exited = "worker.started", "worker.exited"
+    assert summary(events) == [
+        (f"{JOB}-a2-r0-started", started, JOB, "node-a", 2, 0, 0),
+        (f"{JOB}-a2-r1-started", started, JOB, "node-b", 2, 1, 0),
+        (f"{JOB}-a2-r0-exited", exited, JOB, "node-a", 2, 0, 0),
+        (f"{JOB}-a2-r1-exited", exited, JOB, "node-b", 2, 1, 137),
+        ("other-a1-r0-started", started, "other", "node-c", 1, 0, 0),
+        ("other-a1-r0-exited", exited, "other", "node-c", 1, 0, KILLED_EXIT_CODE),
+    ]
+    assert all(e.source == "scheduler/k8s-driver" for e in events)
+
+    lists, watches = api.requests(method="GET", watch=False), api.requests(watch=True)
+    assert [c.query["labelSelector"] for c in lists + watches] == [WATCH_SELECTOR] * 4
+    assert [w.query["resourceVersion"] for w in watches] == [c.version for c in lists]
+    assert lists[0].version != lists[1].version
+    assert all(w.query["allowWatchBookmarks"] == "true" for w in watches)
+
+
+async def test_stop_deletes_pods_with_grace_then_service(
+        api: FakeKubeApi, driver: KubernetesDriver) -> None:
+    await driver.launch(JOB, 2, SPEC, SLOTS)
+    await driver.launch("other", 1, SPEC, [WorkerSlot(rank=0, node="node-c", gpus=8)])
+    before = len(api.requests())
+    await driver.stop(JOB, grace_s=7)
+
+    calls = [c for c in api.requests()[before:] if c.query.get("watch") != "true"
+             and c.query.get("labelSelector") != WATCH_SELECTOR]
+    selector = job_selector(JOB)
+    seen = [(c.method, c.path, c.query.get("labelSelector")) for c in calls]
+    seen[1:3] = sorted(seen[1:3])  # pods are deleted in parallel
+    assert seen == [
+        ("GET", PODS, selector),
+        ("DELETE", f"{PODS}/{pod_name(JOB, 2, 0)}", None),
+        ("DELETE", f"{PODS}/{pod_name(JOB, 2, 1)}", None),
+        ("GET", SERVICES, selector),
+        ("DELETE", f"{SERVICES}/{service_name(JOB, 2)}", None),
+        ("GET", PODS, selector),  # waits until the pods are gone: here at once
+    ]
+    assert [c.body["gracePeriodSeconds"] for c in calls if c.path.startswith(f"{PODS}/")] \
+        == [7, 7]
+    assert set(api.pods) == {pod_name("other", 1, 0)}  # another job is untouched
+    assert set(api.services) == {service_name("other", 1)}
+
+
+async def test_launch_is_idempotent_for_the_same_attempt(
+        api: FakeKubeApi, driver: KubernetesDriver) -> None:
+    await driver.launch(JOB, 2, SPEC, SLOTS)
+    await driver.launch(JOB, 2, SPEC, SLOTS)
+    assert sorted(c.status for c in api.requests(method="POST")) == [201] * 3 + [409] * 3
+    assert len(api.pods) == 2 and len(api.services) == 1
+
+
+async def test_failed_launch_removes_the_gang_and_raises(
+        api: FakeKubeApi, driver: KubernetesDriver) -> None:
+    api.fail_create[pod_name(JOB, 2, 1)] = 403
+    with pytest.raises(ApiException) as info:
+        await driver.launch(JOB, 2, SPEC, SLOTS)
+    assert info.value.status == 403
+    assert api.pods == {} and api.services == {}
+    assert any(c.method == "DELETE" and c.path == f"{SERVICES}/{service_name(JOB, 2)}"
+               for c in api.requests())
+
+
+async def test_relist_reports_pods_that_vanished_between_watches(
+        api: FakeKubeApi, driver: KubernetesDriver, events: list[Event]) -> None:
+    _, pods = gang_manifests(JOB, 3, SPEC, SLOTS, config=CONFIG, nats_url=NATS)
+    for pod in pods:  # running before this driver started (a scheduler restart)
+        api.pods[pod["metadata"]["name"]] = with_status(pod, "Running", RUNNING)
+    await driver.start()
+    await wait_until(lambda: len(events) == 2)
+    assert {e.id for e in events} == {f"{JOB}-a3-r0-started", f"{JOB}-a3-r1-started"}
+
+    api.pods.pop(pod_name(JOB, 3, 1))  # gone while no watch was open
+    api.push("ERROR", {"kind": "Status", "code": 410, "message": "gone"})
+    await wait_until(lambda: len(events) == 3)
+    await asyncio.sleep(0.2)
+    assert summary(events[2:]) == [(f"{JOB}-a3-r1-exited", "worker.exited", JOB, "node-b", 3, 1,
+                                    KILLED_EXIT_CODE)]
+
+
+async def test_a_failed_sink_call_is_retried_on_the_next_status(
+        api: FakeKubeApi, events: list[Event]) -> None:
+    calls = 0
+
+    async def flaky(event: Event) -> None:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            raise ConnectionError("bus down")
+        events.append(event)
+
+    api_client = client.ApiClient(client.Configuration(host=api.url))
+    drv = KubernetesDriver(CONFIG, flaky, nats_url=NATS, api_client=api_client)
+    try:
+        await drv.launch(JOB, 1, SPEC, SLOTS[1:])
+        pod = api.pods[pod_name(JOB, 1, 0)]
+        api.push("MODIFIED", with_status(pod, "Running", RUNNING))
+        await wait_until(lambda: calls == 1)
+        api.push("MODIFIED", with_status(pod, "Running", RUNNING))
+        await wait_until(lambda: len(events) == 1)
+        assert events[0].id == f"{JOB}-a1-r0-started"
+    finally:
+        await drv.close()
+        api_client.close()
+
+
+async def test_close_stops_a_blocked_watch_promptly(
+        api: FakeKubeApi, driver: KubernetesDriver) -> None:
+    await driver.start()
+    await wait_until(lambda: api.watches_opened == 1)
+    t0 = time.monotonic()
+    await driver.close()
+    assert driver._thread is not None and not driver._thread.is_alive()
+    assert time.monotonic() - t0 < 3.0
