@@ -1,73 +1,159 @@
-"""``primus-safe bench run`` and ``bench report``."""
+"""``primus-safe bench run`` and ``bench report``.
+
+``bench run`` asks a node's agent for a level, shows each step as the agent
+reports it, and for the standard and full levels waits for the coordinator's
+fleet-relative verdict (which may include a retry of the run) before it
+prints the figures and checks. ``bench report`` prints the fleet table: every
+judged figure of every node against its GPU model's median, worst first.
+"""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
+import time
+from dataclasses import dataclass, field
 from typing import Any
 
 from rich.console import Console
+from rich.status import Status
 
 from cli.client import CliError, connect
 from cli.main import _print, _settings
-from libs.bus import QUERY_SUBJECT
 from libs.events import BenchRequest, BenchRequestData, BenchResult, check_key, parse_event
+from services.bench.protocol import PROGRESS_SUBJECT, REPORT_SUBJECT
 
 console = Console(stderr=True)
+# Without word from the agent or the coordinator for this long, stop waiting
+# for a verdict and show the agent's own result.
+VERDICT_QUIET_S = 20.0
 
 
-async def _run(node: str, level: str, timeout_s: float) -> BenchResult:
+@dataclass
+class Watch:
+    """What one ``bench run`` has heard so far."""
+
+    request_id: str
+    started: float = field(default_factory=time.monotonic)
+    heard: float = field(default_factory=time.monotonic)
+    agent: BenchResult | None = None
+    verdict: BenchResult | None = None
+    attempts: int = 0
+
+    def ours(self, event: BenchResult) -> bool:
+        return self.request_id in (event.data.request_id, event.data.retry_of)
+
+
+async def _run(node: str, level: str, timeout_s: float, status: Status | None) -> Watch:
     bus = await connect(_settings())
-    try:
-        request = BenchRequest(source="cli", node=node,
-                               data=BenchRequestData(level=level, reason="operator"))  # type: ignore[arg-type]
-        result: asyncio.Future[BenchResult] = asyncio.get_running_loop().create_future()
+    request = BenchRequest(source="cli", node=node,
+                           data=BenchRequestData(level=level, reason="operator"))  # type: ignore[arg-type]
+    watch = Watch(request.id)
+    changed = asyncio.Event()
 
-        async def on_result(msg: Any) -> None:
-            event = parse_event(msg.data)
-            if (isinstance(event, BenchResult) and event.data.request_id == request.id
-                    and not result.done()):
-                result.set_result(event)
+    def show(text: str) -> None:
+        if status is not None:
+            status.update(f"{level} bench on {node}: {text} "
+                          f"({time.monotonic() - watch.started:.0f} s)")
 
-        # Listen before asking, so a fast agent's answer is not missed.
-        sub = await bus.nc.subscribe(f"safe.bench.{node}.result", cb=on_result)
-        await bus.publish(request)
+    async def on_result(msg: Any) -> None:
         try:
-            return await asyncio.wait_for(result, timeout_s)
-        except TimeoutError:
-            raise CliError(f"no result from {node}'s bench agent within {timeout_s:.0f} s; "
-                           f"is it running? (primus-safe health bench-agent --node {node})"
-                           ) from None
+            event = parse_event(msg.data)
+        except ValueError:
+            return
+        if not isinstance(event, BenchResult) or not watch.ours(event):
+            return
+        watch.heard = time.monotonic()
+        if event.data.judged_by == "coordinator":
+            watch.verdict = event
+        else:
+            watch.agent, watch.attempts = event, max(watch.attempts, event.data.attempt)
+            if event.data.attempt > 1:
+                show(f"retry finished ({event.data.outcome})")
+            else:
+                show("measured; waiting for the fleet verdict" if level != "quick" else "done")
+        changed.set()
+
+    async def on_progress(msg: Any) -> None:
+        with_id = json.loads(msg.data)
+        if str(with_id.get("request_id", "")).startswith(watch.request_id):
+            watch.heard = time.monotonic()
+            retry = "-retry" in with_id["request_id"]
+            show(("retry: " if retry else "") + str(with_id.get("step", "")))
+
+    try:
+        # Listen before asking, so a fast agent's answer is not missed.
+        subs = [await bus.nc.subscribe(f"safe.bench.{node}.result", cb=on_result),
+                await bus.nc.subscribe(PROGRESS_SUBJECT.format(node=node), cb=on_progress)]
+        await bus.publish(request)
+        deadline = time.monotonic() + timeout_s
+        try:
+            while not _finished(watch, level):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                changed.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(changed.wait(), min(left, 1.0))
         finally:
-            await sub.unsubscribe()
+            for sub in subs:
+                await sub.unsubscribe()
     finally:
         await bus.close()
+    if watch.agent is None:
+        raise CliError(f"no result from {node}'s bench agent within {timeout_s:.0f} s; "
+                       f"is it running? (primus-safe health bench-agent --node {node})")
+    return watch
+
+
+def _finished(watch: Watch, level: str) -> bool:
+    if watch.verdict is not None:
+        return True
+    if watch.agent is None:
+        return False
+    if level == "quick":
+        return True
+    return time.monotonic() - watch.heard > VERDICT_QUIET_S  # no coordinator answering
 
 
 def run(args: argparse.Namespace) -> int:
     node = check_key(args.node, "node name")
-    with console.status(f"{args.level} bench on {node}"):
-        result = asyncio.run(_run(node, args.level, args.timeout))
-    d = result.data
+    with console.status(f"{args.level} bench on {node}: asking its agent") as status:
+        watch = asyncio.run(_run(node, args.level, args.timeout, status))
+    final = watch.verdict or watch.agent
+    assert final is not None
+    d = final.data
+    outcome = d.outcome or ("healthy" if d.passed else "failed")
     if args.json:
-        print(result.model_dump_json(indent=2))
-    else:
-        verdict = "[green]passed[/]" if d.passed else "[red]failed[/]"
-        console.print(f"{node}: {d.level} {verdict} on {d.device} x{d.device_count} "
-                      f"in {d.duration_s:.1f} s — {d.reason}")
-        _print([f.model_dump() for f in d.figures], False, ["name", "value", "unit"], node)
+        print(final.model_dump_json(indent=2))
+        return 0 if d.passed else 1
+    colour = {"healthy": "green", "degraded": "yellow", "failed": "red"}[outcome]
+    judged = "fleet verdict" if watch.verdict is not None else "agent's own checks"
+    if watch.verdict is None and args.level != "quick":
+        judged += " (no coordinator verdict: is bench-coordinator running?)"
+    retried = " after a retry" if watch.attempts > 1 else ""
+    console.print(f"{node}: {d.level} [{colour}]{outcome}[/]{retried} on {d.device} "
+                  f"x{d.device_count} in {d.duration_s:.1f} s ({judged}) — {d.reason}")
+    _print([f.model_dump() for f in d.figures], False, ["name", "value", "unit"],
+           f"{node} figures")
+    if d.checks:
+        _print([c.model_dump() for c in d.checks], False, ["name", "status", "detail"],
+               f"{node} checks")
     return 0 if d.passed else 1
 
 
 async def _report() -> list[dict[str, Any]]:
     bus = await connect(_settings())
     try:
-        reply = await bus.request(QUERY_SUBJECT.format(name="bench.report"), timeout_s=10)
+        reply = await bus.request(REPORT_SUBJECT, timeout_s=10)
     except Exception as exc:
         raise CliError(f"bench-coordinator did not answer ({exc!r}); is it running?") from None
     finally:
         await bus.close()
+    if not reply.get("ok"):
+        raise CliError(f"bench-coordinator could not report: {reply.get('error')}")
     return reply["rows"]
 
 
@@ -76,8 +162,10 @@ def report(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
-    shown = [{**r, "relative": f"{100 * r['relative']:+.1f}%", "flagged": "yes" if r["flagged"]
-              else ""} for r in rows]
-    _print(shown, False, ["node", "gpu_model", "name", "value", "unit", "median", "relative",
-                          "flagged", "peers"], "bench fleet (worst first)")
+    shown = [{**r, "relative": f"{100 * r['relative']:+.1f}%",
+              "flagged": "yes" if r["flagged"] else "", "outcome": r.get("outcome") or ""}
+             for r in rows]
+    _print(shown, False, ["node", "level", "gpu_model", "name", "value", "unit", "median",
+                          "relative", "flagged", "peers", "outcome"],
+           "bench fleet (sorted by deviation from the median, worst first)")
     return 0

@@ -14,7 +14,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from cli.client import CliError, connect, lens_query, read_bucket
+from cli import lens_verbs
+from cli.client import CliError, connect, read_bucket
 from libs.events import JobSpec, JobSubmitted, JobSubmittedData, check_key
 from libs.settings import Settings
 from libs.specs import SpecError, load_model
@@ -122,7 +123,7 @@ def job_rows(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
         "workers": f"{r['spec']['workers']}x{r['spec']['gpus_per_worker']}",
         "priority": r["spec"]["priority"], "nodes": [s["node"] for s in r["slots"]],
         "position": r["position"] if r["status"] == "pending" else None,
-        "reason": r["reason"],
+        "reason": r["reason"], "code": r.get("code", ""), "retries": r.get("retries", 0),
     } for r in records]
 
 
@@ -132,43 +133,6 @@ def node_rows(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
         "gpu_model": r["spec"]["gpu_model"], "gpus": r["spec"]["gpu_count"],
         "rack": r["spec"]["labels"].get("rack", ""), "reason": r["reason"],
     } for r in records]
-
-
-async def lens(args: argparse.Namespace) -> Any:
-    bus = await connect(_settings())
-    try:
-        if args.lens_verb == "job":
-            return {
-                "summary": (await lens_query(bus, "job_summary", job=args.id) or [{}])[0],
-                "series": await lens_query(bus, "job_series", job=args.id, limit=args.limit),
-                "checkpoints": await lens_query(bus, "job_checkpoints", job=args.id),
-            }
-        if args.lens_verb == "node":
-            return (await lens_query(bus, "node_summary", node=args.id) or [{}])[0]
-        return await lens_query(bus, "events", job=args.job or "", node=args.node or "",
-                                limit=args.limit)
-    finally:
-        await bus.close()
-
-
-def print_lens(args: argparse.Namespace, result: Any) -> None:
-    if args.json:
-        print(json.dumps(result, indent=2, default=str))
-    elif args.lens_verb == "job":
-        s = result["summary"]
-        if not s.get("samples"):
-            raise CliError(f"no telemetry for job {args.id!r} yet")
-        print(f"job {args.id}: {s['ranks']} rank(s), iterations up to {s['last_iteration']}, "
-              f"loss {s['first_loss']:.4f} -> {s['last_loss']:.4f}, "
-              f"{s['checkpoints']} checkpoint file(s), mean throughput "
-              f"{s['mean_throughput']:.1f} samples/s per rank")
-        step = max(1, len(result["series"]) // 12)
-        _print(result["series"][::step], False, ["iteration", "loss", "throughput"],
-               "loss curve (sampled)")
-    elif args.lens_verb == "node":
-        _print([result], False, list(result), f"node {args.id}")
-    else:
-        _print(result, False, ["time", "type", "node", "job", "source"], "events")
 
 
 async def health(service: str, node: str | None) -> dict[str, Any]:
@@ -225,18 +189,7 @@ def build_parser() -> argparse.ArgumentParser:
     s = bsub.add_parser("report", help="every node's figures against its GPU model's median")
     s.add_argument("--json", action="store_true")
 
-    lens_p = sub.add_parser("lens", help="telemetry and history from Lens")
-    lsub = lens_p.add_subparsers(dest="lens_verb", required=True)
-    for verb in ("job", "node"):
-        s = lsub.add_parser(verb)
-        s.add_argument("id")
-        s.add_argument("--limit", type=int, default=10000)
-        s.add_argument("--json", action="store_true")
-    s = lsub.add_parser("events")
-    s.add_argument("--job")
-    s.add_argument("--node")
-    s.add_argument("--limit", type=int, default=200)
-    s.add_argument("--json", action="store_true")
+    lens_verbs.add_parser(sub)
     return p
 
 
@@ -250,14 +203,16 @@ def dispatch(args: argparse.Namespace) -> int:
     if args.verb == "submit":
         print(asyncio.run(submit(args.file)))
         return 0
-    if args.verb in ("jobs", "explain"):
+    if args.verb == "jobs":
         rows = job_rows(asyncio.run(listing("jobs")))
-        if args.verb == "explain":
-            rows = [r for r in rows if r["job"] == args.job]
-            if not rows:
-                raise CliError(f"no job {args.job!r}; `primus-safe jobs` lists them")
-        _print(rows if args.verb == "jobs" or args.json else rows[0], args.json,
-               list(rows[0]) if rows else [], "jobs")
+        _print(rows, args.json, ["job", "status", "attempt", "workers", "priority", "nodes",
+                                 "position", "reason"], "jobs")
+        return 0
+    if args.verb == "explain":
+        from cli.explain import describe, explain
+
+        doc = asyncio.run(explain(args.job, _settings()))
+        print(json.dumps(doc, indent=2, default=str) if args.json else describe(doc))
         return 0
     if args.verb == "nodes":
         rows = node_rows(asyncio.run(listing("nodes")))
@@ -279,8 +234,7 @@ def dispatch(args: argparse.Namespace) -> int:
         print(json.dumps(reply))
         return 0 if reply.get("ok") else 1
     if args.verb == "lens":
-        print_lens(args, asyncio.run(lens(args)))
-        return 0
+        return lens_verbs.run(args)
     if args.verb == "bench":
         from cli import bench_verbs
 

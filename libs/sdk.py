@@ -2,26 +2,39 @@
 save and find checkpoints. It reads the PRIMUS_* environment the driver sets.
 
 Reporting never blocks training: samples go into a bounded queue that a
-background thread publishes to ``safe.telemetry.job.<job>``; when the queue is
-full the sample is dropped and counted (``Run.dropped``).
+background thread publishes to ``safe.telemetry.job.<job>`` (pipelined: a
+batch of publishes in flight, then their acks); when the queue is full the
+sample is dropped and counted (``Run.dropped``, also sent along with the
+next samples so Lens sees it). A NaN or infinite loss is reported as such
+(``loss_nonfinite``: JSON has no NaN), so Lens can alert on it.
 
 Checkpoints are written atomically (temp file, then rename) as one file per
 rank under ``<dir>/step-<iteration>/``; a step is complete when every rank's
-file is there, and only complete steps are offered for resuming.
+file is there, and only complete steps are offered for resuming. Saving one
+reports its step, path, size and how long it took.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import os
 import queue
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from libs.events import JobTelemetry, JobTelemetryData
+from libs.events import (
+    Event,
+    JobTelemetry,
+    JobTelemetryData,
+    LogRecord,
+    LogRecordData,
+    encode_event,
+)
 
 _STOP = object()
 
@@ -35,48 +48,111 @@ class Checkpoint:
         return self.path / f"rank-{rank}.pt"
 
 
-class _Publisher(threading.Thread):
-    """Owns an asyncio loop and a NATS connection in a daemon thread."""
+class TelemetryPublisher(threading.Thread):
+    """Owns an asyncio loop and a NATS connection in a daemon thread; ``offer``
+    never blocks and says whether the event was queued."""
 
-    def __init__(self, url: str, token: str | None, max_pending: int) -> None:
-        super().__init__(name="primus-telemetry", daemon=True)
+    BATCH = 256  # publishes in flight before waiting for their acks
+
+    def __init__(self, url: str, token: str | None, max_pending: int,
+                 *, name: str = "primus-telemetry") -> None:
+        super().__init__(name=name, daemon=True)
         self.url = url
         self.token = token
         self.queue: queue.Queue[Any] = queue.Queue(maxsize=max_pending)
         self.published = 0
         self.failed = 0
+        self.dropped = 0
         self.connected = threading.Event()
+
+    def offer(self, event: Event) -> bool:
+        try:
+            self.queue.put_nowait(event)
+            return True
+        except queue.Full:
+            self.dropped += 1
+            return False
 
     def run(self) -> None:
         asyncio.run(self._main())
 
-    async def _main(self) -> None:
+    async def _connect(self) -> Any:
         import nats  # local import: the SDK must import without a bus
 
         try:
-            nc = await nats.connect(self.url, token=self.token, connect_timeout=2,
-                                    max_reconnect_attempts=5)
+            return await nats.connect(self.url, token=self.token, connect_timeout=2,
+                                      max_reconnect_attempts=-1, reconnect_time_wait=1)
         except Exception:
-            nc = None
-        self.connected.set()
-        js = nc.jetstream() if nc else None
+            return None
+        finally:
+            self.connected.set()
+
+    async def _main(self) -> None:
+        nc = await self._connect()
+        tried_at = time.monotonic()
         loop = asyncio.get_running_loop()
-        while True:
-            item = await loop.run_in_executor(None, self.queue.get)
-            if item is _STOP:
-                break
-            if js is None:
-                self.failed += 1
+        stopping = False
+        while not stopping:
+            items = [await loop.run_in_executor(None, self.queue.get)]
+            while len(items) < self.BATCH:
+                try:
+                    items.append(self.queue.get_nowait())
+                except queue.Empty:
+                    break
+            if items[-1] is _STOP or _STOP in items:
+                stopping = True
+                items = [i for i in items if i is not _STOP]
+            if nc is None and time.monotonic() - tried_at > 5:
+                nc, tried_at = await self._connect(), time.monotonic()
+            if nc is None:
+                self.failed += len(items)
                 continue
-            try:
-                await js.publish(item.subject, item.model_dump_json().encode(),
-                                 headers={"Nats-Msg-Id": item.id}, timeout=5)
-                self.published += 1
-            except Exception:
-                self.failed += 1
+            await self._publish(nc.jetstream(), items)
         if nc is not None:
             with contextlib.suppress(Exception):
                 await nc.drain()
+
+    async def _publish(self, js: Any, items: list[Event]) -> None:
+        acks = []
+        for item in items:
+            try:
+                acks.append(await js.publish_async(item.subject, encode_event(item),
+                                                   headers={"Nats-Msg-Id": item.id}))
+            except Exception:
+                self.failed += 1
+        for result in await asyncio.gather(*(asyncio.wait_for(a, 10) for a in acks),
+                                           return_exceptions=True):
+            if isinstance(result, BaseException):
+                self.failed += 1
+            else:
+                self.published += 1
+
+    def close(self, timeout_s: float) -> None:
+        with contextlib.suppress(queue.Full):
+            self.queue.put(_STOP, timeout=timeout_s)
+        self.join(timeout_s)
+
+
+# The old name, for code written against it.
+_Publisher = TelemetryPublisher
+
+
+def _loss_fields(loss: float | None) -> dict[str, Any]:
+    if loss is None or math.isfinite(loss):
+        return {"loss": loss}
+    return {"loss": None, "loss_nonfinite": "nan" if math.isnan(loss) else
+            ("inf" if loss > 0 else "-inf")}
+
+
+def path_size(path: str | os.PathLike[str]) -> int | None:
+    """Bytes in a file, or in every file under a directory; None if it is not there."""
+    p = Path(path)
+    try:
+        if p.is_dir():
+            return sum(f.stat().st_size for f in p.rglob("*") if f.is_file())
+        return p.stat().st_size
+    except OSError:
+        return None
 
 
 class Run:
@@ -92,8 +168,8 @@ class Run:
         self.node = node
         self.checkpoint_dir = checkpoint_dir
         self.checkpoint_interval = checkpoint_interval
-        self.dropped = 0
-        self._publisher = _Publisher(nats_url, nats_token, max_pending) if nats_url else None
+        self._publisher = (TelemetryPublisher(nats_url, nats_token, max_pending)
+                           if nats_url else None)
         if self._publisher:
             self._publisher.start()
 
@@ -115,35 +191,66 @@ class Run:
 
     # ------------------------------------------------------------------ telemetry
 
+    @property
+    def dropped(self) -> int:
+        """Samples and log lines dropped because the queue was full."""
+        return self._publisher.dropped if self._publisher else 0
+
+    @property
+    def stats(self) -> dict[str, int]:
+        p = self._publisher
+        if p is None:
+            return {"published": 0, "failed": 0, "dropped": 0, "pending": 0}
+        return {"published": p.published, "failed": p.failed, "dropped": p.dropped,
+                "pending": p.queue.qsize()}
+
     def report(self, iteration: int, *, loss: float | None = None,
                throughput: float | None = None, step_time_s: float | None = None,
-               checkpoint_path: str | None = None) -> None:
-        """Queue one sample; returns at once, dropping (and counting) when full."""
+               checkpoint_path: str | None = None, grad_norm: float | None = None,
+               tokens_per_s: float | None = None, checkpoint_bytes: int | None = None,
+               checkpoint_duration_s: float | None = None) -> None:
+        """Queue one sample; returns at once, dropping (and counting) when full.
+
+        ``throughput`` is samples per second of this rank; ``tokens_per_s`` too.
+        """
         if self._publisher is None:
             return
-        sample = JobTelemetry(
+        self._publisher.offer(JobTelemetry(
             id=f"{self.job}-a{self.attempt}-r{self.rank}-i{iteration}"
             + ("-ckpt" if checkpoint_path else ""),
             source=f"sdk/{self.node}",
             job=self.job,
             node=self.node,
-            data=JobTelemetryData(rank=self.rank, attempt=self.attempt, iteration=iteration,
-                                  loss=loss,
-                                  throughput=throughput, step_time_s=step_time_s,
-                                  checkpoint_path=checkpoint_path),
-        )
-        try:
-            self._publisher.queue.put_nowait(sample)
-        except queue.Full:
-            self.dropped += 1
+            data=JobTelemetryData(
+                rank=self.rank, attempt=self.attempt, iteration=iteration,
+                **_loss_fields(loss), throughput=throughput, step_time_s=step_time_s,
+                checkpoint_path=checkpoint_path, grad_norm=_finite(grad_norm),
+                tokens_per_s=_finite(tokens_per_s), checkpoint_bytes=checkpoint_bytes,
+                checkpoint_duration_s=checkpoint_duration_s,
+                dropped=self._publisher.dropped or None),
+        ))
+
+    def report_checkpoint(self, iteration: int, path: str | os.PathLike[str], *,
+                          size_bytes: int | None = None, duration_s: float | None = None
+                          ) -> None:
+        """Tell Lens a checkpoint was saved (its size is measured when not given)."""
+        self.report(iteration, checkpoint_path=str(path),
+                    checkpoint_bytes=size_bytes if size_bytes is not None else path_size(path),
+                    checkpoint_duration_s=duration_s)
+
+    def log(self, message: str, *, level: str = "info", **fields: Any) -> None:
+        """A log line that Lens stores with this job, node and rank; never blocks."""
+        if self._publisher is None:
+            return
+        self._publisher.offer(LogRecord(
+            source=f"sdk/{self.node}", node=self.node, job=self.job,
+            data=LogRecordData(level=level, message=message, service="training",
+                               fields={"rank": self.rank, "attempt": self.attempt, **fields})))
 
     def close(self, timeout_s: float = 10.0) -> None:
         """Flush what is queued (up to ``timeout_s``) and stop the publisher."""
-        if self._publisher is None:
-            return
-        with contextlib.suppress(queue.Full):
-            self._publisher.queue.put(_STOP, timeout=timeout_s)
-        self._publisher.join(timeout_s)
+        if self._publisher is not None:
+            self._publisher.close(timeout_s)
 
     # ------------------------------------------------------------------ checkpoints
 
@@ -174,11 +281,13 @@ class Run:
         step_dir.mkdir(parents=True, exist_ok=True)
         final = step_dir / f"rank-{self.rank}.pt"
         tmp = step_dir / f".rank-{self.rank}.pt.tmp-{os.getpid()}"
+        started = time.monotonic()
         torch.save(state, tmp)
         with open(tmp, "rb") as fh:
             os.fsync(fh.fileno())
         os.replace(tmp, final)
-        self.report(iteration, checkpoint_path=str(final))
+        self.report_checkpoint(iteration, final,
+                               duration_s=round(time.monotonic() - started, 6))
         return final
 
     def latest_checkpoint(self) -> Checkpoint | None:
@@ -206,3 +315,7 @@ def latest_complete_checkpoint(directory: Path, world_size: int) -> Checkpoint |
         if all((step_dir / f"rank-{r}.pt").exists() for r in range(world_size)):
             steps.append(Checkpoint(iteration, step_dir))
     return max(steps, key=lambda c: c.iteration, default=None)
+
+
+def _finite(value: float | None) -> float | None:
+    return value if value is None or math.isfinite(value) else None

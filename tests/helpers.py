@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import sys
 from pathlib import Path
+
+from libs.bus import Bus
+from libs.events import NodeRegistered, NodeRegisteredData, NodeStateChanged, NodeStateData
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -16,3 +20,18 @@ def run_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 60,
     cmd = [exe] if exe else [sys.executable, "-m", "cli.main"]
     return subprocess.run([*cmd, *args], env=env, cwd=cwd, capture_output=True, text=True,
                           timeout=timeout)
+
+
+async def ready_nodes(bus: Bus, nodes: dict[str, tuple[int, str]]) -> None:
+    """Play bootstrap's part for scheduler tests: nodes (name -> (GPUs,
+    rack)) in the ``nodes`` bucket and on the bus, all ready."""
+    kv = await bus.kv("nodes")
+    for i, (name, (gpus, rack)) in enumerate(sorted(nodes.items()), 1):
+        spec = {"name": name, "ip": f"10.0.0.{i}", "gpu_model": "MI300X", "gpu_count": gpus,
+                "labels": {"rack": rack}, "roles": ["worker"], "ssh_user": None}
+        await kv.put(name, json.dumps({"spec": spec, "state": "ready", "reason": "",
+                                       "registration": f"reg-{name}"}).encode())
+        await bus.publish(NodeRegistered(source="test", node=name, data=NodeRegisteredData(
+            ip=spec["ip"], gpu_model="MI300X", gpu_count=gpus, labels={"rack": rack})))
+        await bus.publish(NodeStateChanged(source="test", node=name,
+                                           data=NodeStateData(state="ready")))

@@ -30,13 +30,13 @@ from libs.events import (
     HeartbeatData,
     NodeHeartbeat,
     NodeTelemetry,
-    NodeTelemetryData,
 )
 from libs.logs import get_logger
 from libs.settings import Settings
 from services.bench import levels, probes
 from services.bench.config import ConfigFile
 from services.bench.host_metrics import HostSampler
+from services.bench.node_sampler import NodeSampler
 from services.bench.protocol import PAIR_SUBJECT, PROGRESS_SUBJECT
 from services.bench.schedule import ProbeSchedule, Report, Skip, Start
 from services.bench.verdict import confirm
@@ -61,14 +61,19 @@ class BenchAgent:
         self.results = 0
         self.probe_reports = 0
         self.busy: str | None = None  # the request being measured
+        self.expected_devices: int | None = None  # from the inventory, via requests
         self._answered: set[str] = set()
         self._tasks: list[asyncio.Task[None]] = []
+        self._probes: set[asyncio.Task[None]] = set()
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._log = get_logger(node=node)
         if self.config.error:
             self._log.error("bench config refused", error=self.config.error)
 
     async def start(self, bus: Bus) -> None:
         self.bus = bus
+        self._loop = asyncio.get_running_loop()
+        self._log = get_logger(node=self.node)  # bound after run_service configured logging
         self._tasks = [
             asyncio.create_task(self._heartbeat()),
             asyncio.create_task(self._telemetry()),
@@ -96,17 +101,18 @@ class BenchAgent:
             await asyncio.sleep(interval)
 
     async def _telemetry(self) -> None:
+        """One NodeTelemetry per interval, on a fixed schedule (see node_sampler)."""
         assert self.bus is not None
-        self.host.cpu_pct()  # prime the CPU counters
+        interval = self.settings.telemetry_interval_s
+        sampler = NodeSampler(host=self.host)
+        due = time.monotonic()
         while True:
-            await asyncio.sleep(self.settings.telemetry_interval_s)
-            used, total = self.host.memory()
+            due += interval
+            await asyncio.sleep(max(0.0, due - time.monotonic()))
+            due = max(due, time.monotonic() - interval)  # after a stall, do not burst
             with contextlib.suppress(Exception):
-                await self.bus.publish(NodeTelemetry(
-                    source=self.source, node=self.node,
-                    data=NodeTelemetryData(cpu_pct=self.host.cpu_pct(), mem_used_bytes=used,
-                                           mem_total_bytes=total, load1=self.host.load1()),
-                ))
+                await self.bus.publish(NodeTelemetry(source=self.source, node=self.node,
+                                                     data=await sampler.sample()))
 
     # ------------------------------------------------------------------ bench requests
 
@@ -118,6 +124,8 @@ class BenchAgent:
         log = self._log.bind(request=event.id, level=data.level, attempt=data.attempt)
         log.info("bench started", reason=data.reason)
         self.busy = event.id
+        if data.expected_devices is not None:
+            self.expected_devices = data.expected_devices
         t0 = time.monotonic()
         try:
             if data.rendezvous is not None:
@@ -155,6 +163,8 @@ class BenchAgent:
     async def _measure(self, event: BenchRequest) -> levels.LevelRun:
         config = self.config.current
         expected = event.data.expected_devices
+        if expected is None:  # a retry or an operator's request: what bootstrap said last
+            expected = self.expected_devices
 
         def progress(step: str) -> None:
             self._progress(event.id, step)
@@ -202,18 +212,12 @@ class BenchAgent:
                            "time": time.time()}).encode()
         subject = PROGRESS_SUBJECT.format(node=self.node)
         with contextlib.suppress(Exception):
-            loop = self._loop
-            if loop is not None and loop.is_running():
-                asyncio.run_coroutine_threadsafe(self.bus.nc.publish(subject, body), loop)
-
-    @property
-    def _loop(self) -> asyncio.AbstractEventLoop | None:
-        return getattr(self.bus.nc, "_loop", None) if self.bus is not None else None
+            if self._loop is not None and self._loop.is_running():
+                asyncio.run_coroutine_threadsafe(self.bus.nc.publish(subject, body), self._loop)
 
     # ------------------------------------------------------------------ health probes
 
     async def _probe_loop(self) -> None:
-        self._running_loop = asyncio.get_running_loop()
         last_error = self.config.error
         while True:
             now = time.monotonic()
@@ -230,14 +234,14 @@ class BenchAgent:
             if self.busy is None:  # never perturb a measurement
                 for action in self.schedule.due(now):
                     if isinstance(action, Start):
-                        self._tasks.append(asyncio.create_task(self._run_probe(action)))
+                        task = asyncio.create_task(self._run_probe(action))
+                        self._probes.add(task)
+                        task.add_done_callback(self._probes.discard)
                     elif isinstance(action, Skip):
                         self._log.warning("probe skipped", check=action.name,
                                           reason=action.reason)
                     else:
                         await self._report_probe(action)
-            self._tasks = [t for t in self._tasks if not t.done()] if len(self._tasks) > 16 \
-                else self._tasks
             wait = self.schedule.next_wake(now) - time.monotonic()
             await asyncio.sleep(min(max(wait, 0.05 if self.busy is None else 0.5),
                                     CONFIG_POLL_S))
@@ -249,8 +253,8 @@ class BenchAgent:
         spec = state.spec
         try:
             check = await asyncio.to_thread(
-                probes.run_check, spec.kind, expected=None, limits=self.config.current.gpu_limits,
-                timeout_s=spec.timeout_s)
+                probes.run_check, spec.kind, expected=self.expected_devices,
+                limits=self.config.current.gpu_limits, timeout_s=spec.timeout_s)
             status, detail = check.status, check.detail
         except Exception as exc:
             status, detail = "failed", f"{type(exc).__name__}: {exc}"[:300]
@@ -286,9 +290,10 @@ class BenchAgent:
             self.probe_reports += 1
 
     async def stop(self) -> None:
-        for task in self._tasks:
+        tasks = [*self._tasks, *self._probes]
+        for task in tasks:
             task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await asyncio.gather(*tasks, return_exceptions=True)
 
     def health(self) -> dict[str, Any]:
         return {"heartbeats": self.beats, "bench_results": self.results,

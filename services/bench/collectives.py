@@ -93,11 +93,11 @@ def _measure(plan: RankPlan) -> dict[str, list[float]]:
         if probe[0].item() != plan.world:
             raise RuntimeError(f"all-reduce of ones gave {probe[0].item()}, not {plan.world}")
         samples: dict[str, list[float]] = {}
+        gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
         for nbytes in plan.sizes:
             count = max(plan.world, nbytes // 4 // plan.world * plan.world)
             full = torch.ones(count, device=device)
             part = torch.ones(count // plan.world, device=device)
-            gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
             ops = {"allreduce": lambda full=full: dist.all_reduce(full),
                    "allgather": lambda full=full, part=part: gather(full, part)}
             for op, fn in ops.items():

@@ -1,71 +1,217 @@
-"""The bench coordinator: one replica that keeps the latest bench result of
-every node (the ``bench`` KV bucket) and answers the fleet report: each
-figure against the median of nodes with the same GPU model
-(``services.bench.fleet``)."""
+"""The bench coordinator: one replica that keeps the latest bench run of
+every node per level (the ``bench`` KV bucket), judges standard and full runs
+against the fleet of the same GPU model, asks for a retry when a first run
+looks unhealthy and publishes its verdict — a ``bench.result`` with
+``judged_by=coordinator`` that bootstrap acts on — only after the repeat.
+
+It also pairs a node with a known-healthy partner for the full level's
+multi-node test, runs the binary-split search for the bad node(s) of a
+failing multi-node collective (``multinode``), and answers the fleet report.
+Decisions are in ``triage``, ``fleet`` and ``split_search``; this is I/O.
+"""
 
 from __future__ import annotations
 
 import json
-from dataclasses import asdict
+import time
 from typing import Any
 
 from nats.js.errors import KeyNotFoundError, NoKeysError
 from nats.js.kv import KeyValue
 
-from libs.bus import CONTROL, QUERY_SUBJECT, Bus
-from libs.events import BenchResult, Event
+from libs.bus import CONTROL, Bus
+from libs.events import (
+    BenchRequest,
+    BenchRequestData,
+    BenchResult,
+    BenchResultData,
+    Event,
+    Figure,
+)
 from libs.logs import get_logger
 from libs.settings import Settings
-from services.bench.fleet import NodeFigure, compare_with_fleet
+from services.bench.config import ConfigFile
+from services.bench.fleet import NodeFigure, compare_with_fleet, judge_node
+from services.bench.multinode import MultiNode
+from services.bench.protocol import PAIR_SUBJECT, REPORT_SUBJECT, SEARCH_SUBJECT
+from services.bench.triage import decide
 
-# Figures where more is better; the others are shown but not judged.
-HIGHER_IS_BETTER = {"gemm_fp32_512_tflops"}
-REPORT_SUBJECT = QUERY_SUBJECT.format(name="bench.report")
+SOURCE = "bench-coordinator"
+JUDGED_LEVELS = ("standard", "full")
+
+
+def _empty(node: str) -> dict[str, Any]:
+    return {"node": node, "levels": {}, "verdict": None, "pending": None, "probe": None}
+
+
+def _migrate(node: str, stored: dict[str, Any]) -> dict[str, Any]:
+    """Records written before levels were kept apart held one run."""
+    if "levels" in stored:
+        return stored
+    record = _empty(node)
+    record["levels"][stored.get("level", "quick")] = stored
+    return record
 
 
 class BenchCoordinator:
     name = "bench-coordinator"
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, config_path: str | None = None) -> None:
         self.settings = settings
+        self.config = ConfigFile(config_path)
         self.latest: dict[str, dict[str, Any]] = {}
         self.kv: KeyValue | None = None
+        self.bus: Bus | None = None
+        self.multinode: MultiNode | None = None
+        self.retries = 0
+        self.verdicts = 0
         self._log = get_logger()
 
     async def start(self, bus: Bus) -> None:
+        self.bus = bus
+        self._log = get_logger()  # bound after run_service configured logging
         self.kv = await bus.kv("bench")
         try:
             for key in await self.kv.keys():
-                self.latest[key] = json.loads((await self.kv.get(key)).value)
+                self.latest[key] = _migrate(key, json.loads((await self.kv.get(key)).value))
         except NoKeysError:
             pass
+        self.multinode = MultiNode(bus, self.config, self.latest, SOURCE)
         bus.consume(durable="bench-coordinator", subjects=["safe.bench.*.result"],
                     stream=CONTROL, handler=self._on_result)
         await bus.serve(REPORT_SUBJECT, self._report, queue="bench-coordinator")
+        await bus.serve(PAIR_SUBJECT, self.multinode.pair, queue="bench-coordinator")
+        await bus.serve(SEARCH_SUBJECT, self.multinode.search, queue="bench-coordinator")
+
+    # ------------------------------------------------------------------ results
 
     async def _on_result(self, event: Event) -> None:
-        assert isinstance(event, BenchResult) and self.kv is not None
-        known = self.latest.get(event.node)
-        if known is not None and known["time"] >= event.time.timestamp():
+        assert isinstance(event, BenchResult) and self.multinode is not None
+        data = event.data
+        if data.judged_by == "coordinator":
+            return  # our own verdict
+        if data.session is not None:
+            self.multinode.on_share(event)
+            return
+        self.config.reload()
+        record = self.latest.get(event.node) or _empty(event.node)
+        stamp = event.time.timestamp()
+        if data.trigger == "probe":
+            record["probe"] = {"time": stamp, "reason": data.reason}
+            await self._save(event.node, record)
+            return
+        known = record["levels"].get(data.level)
+        if known is not None and known["time"] >= stamp:
             return  # older than what we hold (redelivery or replay)
-        record = {"node": event.node, "time": event.time.timestamp(), "event_id": event.id,
-                  **event.data.model_dump(mode="json")}
+        record["levels"][data.level] = {"node": event.node, "time": stamp,
+                                        "event_id": event.id, **data.model_dump(mode="json")}
+        if data.level in JUDGED_LEVELS:
+            await self._judge(event, record)
+        await self._save(event.node, record)
+
+    def peers(self, node: str, gpu_model: str, now: float) -> dict[str, dict[str, float]]:
+        """Latest standard/full figures of the other nodes of this model, without
+        stale runs or nodes whose last verdict was a failure."""
+        max_age = self.config.current.fleet.max_age_s
+        out: dict[str, dict[str, float]] = {}
+        for other, record in self.latest.items():
+            verdict = record.get("verdict") or {}
+            if other == node or verdict.get("outcome") == "failed":
+                continue
+            runs = sorted((r for lvl, r in record["levels"].items() if lvl in JUDGED_LEVELS
+                           and (r["gpu_model"] or r["device"]) == gpu_model
+                           and now - r["time"] <= max_age), key=lambda r: r["time"])
+            values = {f["name"]: f["value"] for r in runs for f in r["figures"]}
+            if values:
+                out[other] = values
+        return out
+
+    async def _judge(self, event: BenchResult, record: dict[str, Any]) -> None:
+        assert self.bus is not None
+        data, config = event.data, self.config.current
+        model = data.gpu_model or data.device
+        judged = judge_node([(f.name, f.value, f.unit) for f in data.figures],
+                            self.peers(event.node, model, event.time.timestamp()),
+                            policy=config.fleet, floors=config.floors_for(model))
+        local = (data.outcome or ("healthy" if data.passed else "failed"), data.reason)
+        pending = record.get("pending")
+        first = None
+        if data.retry_of is not None:
+            if pending and pending.get("request_id") == data.retry_of:
+                first = (pending["outcome"], pending["reason"])
+            else:  # we lost the first run: this repeat stands alone
+                first = (judged.outcome, judged.reason)
+        decision = decide(local=local, fleet=(judged.outcome, judged.reason), first=first)
+        request_id = data.retry_of or data.request_id or event.id
+        log = self._log.bind(node=event.node, request=request_id)
+        if decision.action == "retry":
+            await self.bus.publish(BenchRequest(
+                id=f"{request_id}-retry", source=SOURCE, node=event.node,
+                data=BenchRequestData(level=data.level, reason=f"retry: {decision.reason}",
+                                      attempt=data.attempt + 1, retry_of=request_id)))
+            record["pending"] = {"request_id": request_id, "outcome": decision.outcome,
+                                 "reason": decision.reason, "flagged": judged.flagged,
+                                 "time": time.time()}
+            self.retries += 1
+            log.info("bench retry requested", outcome=decision.outcome, reason=decision.reason)
+            return
+        figures = list(data.figures)
+        if judged.score is not None and judged.score_median:
+            figures.append(Figure(name="node_score_vs_fleet", unit="ratio",
+                                  value=round(judged.score / judged.score_median, 4)))
+        await self.bus.publish(BenchResult(
+            id=f"{request_id}-verdict", source=SOURCE, node=event.node,
+            data=BenchResultData(
+                level=data.level, request_id=request_id, passed=decision.outcome != "failed",
+                reason=decision.reason, device=data.device, device_count=data.device_count,
+                gpu_model=data.gpu_model, dtype=data.dtype, figures=figures,
+                duration_s=data.duration_s, outcome=decision.outcome, attempt=data.attempt,
+                retry_of=data.retry_of, judged_by="coordinator", verdict_of=event.id,
+                checks=data.checks)))
+        record["verdict"] = {"outcome": decision.outcome, "reason": decision.reason,
+                             "request_id": request_id, "time": event.time.timestamp(),
+                             "flagged": judged.flagged, "score": judged.score,
+                             "score_median": judged.score_median}
+        record["pending"] = None
+        self.verdicts += 1
+        log.info("bench verdict", outcome=decision.outcome, reason=decision.reason)
+
+    async def _save(self, node: str, record: dict[str, Any]) -> None:
+        assert self.kv is not None
         value = json.dumps(record).encode()
         try:
-            entry = await self.kv.get(event.node)
-            await self.kv.update(event.node, value, last=entry.revision)
+            entry = await self.kv.get(node)
+            await self.kv.update(node, value, last=entry.revision)
         except KeyNotFoundError:
-            await self.kv.create(event.node, value)
-        self.latest[event.node] = record
+            await self.kv.create(node, value)
+        self.latest[node] = record
+
+    # ------------------------------------------------------------------ report
 
     def report(self) -> list[dict[str, Any]]:
-        figures = [NodeFigure(r["node"], r["gpu_model"] or r["device"], f["name"], f["value"],
-                              f["unit"])
-                   for r in self.latest.values() for f in r["figures"]]
-        judged = compare_with_fleet(figures, higher_is_better=HIGHER_IS_BETTER)
-        rows = [{**asdict(d), "passed": self.latest[d.node]["passed"],
-                 "level": self.latest[d.node]["level"]} for d in judged]
-        return rows
+        """Every judged figure of every node's latest run per level against the
+        median of its GPU model and level, worst deviation first."""
+        rows: list[dict[str, Any]] = []
+        levels = sorted({lvl for r in self.latest.values() for lvl in r["levels"]})
+        for level in levels:
+            figures = [NodeFigure(n, run["gpu_model"] or run["device"], f["name"], f["value"],
+                                  f["unit"])
+                       for n, r in self.latest.items() if (run := r["levels"].get(level))
+                       for f in run["figures"]]
+            for d in compare_with_fleet(figures, k=self.config.current.fleet.k,
+                                        min_peers=self.config.current.fleet.min_peers):
+                record = self.latest[d.node]
+                run = record["levels"][level]
+                verdict = record.get("verdict") or {}
+                rows.append({
+                    "node": d.node, "gpu_model": d.gpu_model, "level": level, "name": d.name,
+                    "value": d.value, "unit": d.unit, "median": d.median,
+                    "relative": d.relative, "robust_z": d.robust_z, "flagged": d.flagged,
+                    "peers": d.peers, "passed": run["passed"],
+                    "outcome": verdict.get("outcome") or run.get("outcome"),
+                    "verdict": verdict.get("reason", ""),
+                })
+        return sorted(rows, key=lambda r: (r["relative"], r["node"], r["name"]))
 
     async def _report(self, _: dict[str, Any]) -> dict[str, Any]:
         return {"ok": True, "rows": self.report()}
@@ -74,4 +220,5 @@ class BenchCoordinator:
         pass
 
     def health(self) -> dict[str, Any]:
-        return {"nodes_with_results": len(self.latest)}
+        return {"nodes_with_results": len(self.latest), "retries": self.retries,
+                "verdicts": self.verdicts, "config_error": self.config.error}

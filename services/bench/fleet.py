@@ -12,8 +12,8 @@ as ratios of their fleet medians, each weighted by the inverse of its
 variance across the fleet. A node that is uniformly slow (a throttled clock,
 a power cap, a slow memory channel) moves every ratio a little; averaged over
 several figures that shows well above the noise of any one figure. The score
-is judged like a figure, against the scores of the peers. Absolute floors per GPU model (from the configuration) catch a fleet
-that is slow as a whole.
+is judged like a figure, against the scores of the peers. Absolute floors
+per GPU model (from the configuration) catch a fleet that is slow as a whole.
 """
 
 from __future__ import annotations

@@ -43,64 +43,74 @@ def _per_gpu(kind: str, gpus: Iterable[GpuSample], read: Callable[[GpuSample], f
     return _check(kind, "ok", f"{seen} GPU(s) within limits")
 
 
+def _above(limit: float | None, say: Callable[[float], str]) -> Callable[[float], str | None]:
+    """A reading is bad when a limit is set and the reading exceeds it."""
+    return lambda v: say(v) if limit is not None and v > limit else None
+
+
+def _power_share(g: GpuSample) -> float | None:
+    if g.power_w is None:
+        return None
+    return g.power_w / g.power_cap_w if g.power_cap_w else 0.0
+
+
+def _vram_share(g: GpuSample) -> float | None:
+    if g.vram_used_bytes is None or not g.vram_total_bytes:
+        return None
+    return g.vram_used_bytes / g.vram_total_bytes
+
+
+def _per_kind(kind: str, gpus: tuple[GpuSample, ...], limits: GpuLimits) -> BenchCheck:
+    if kind == "gpu_temperature":
+        top = limits.max_temp_c
+        return _per_gpu(kind, gpus, lambda g: g.hottest_c,
+                        _above(top, lambda v: f"{v:g} °C > {top:g} °C"))
+    if kind == "gpu_ecc":
+        return _per_gpu(kind, gpus, lambda g: g.ecc_uncorrectable,
+                        _above(limits.max_ecc_uncorrectable,
+                               lambda v: f"{v:g} uncorrectable ECC error(s)"))
+    if kind == "gpu_xgmi":
+        return _per_gpu(kind, gpus, lambda g: g.xgmi_errors,
+                        _above(limits.max_xgmi_errors, lambda v: f"XGMI errors {v:g}"))
+    if kind == "gpu_pcie":
+        return _pcie(gpus, limits)
+    if kind == "gpu_power":
+        return _per_gpu(kind, gpus, _power_share,
+                        _above(limits.max_power_over_cap,
+                               lambda v: f"drawing {v:.0%} of its power cap"))
+    if kind == "gpu_vram":
+        return _per_gpu(kind, gpus, _vram_share,
+                        _above(limits.max_vram_used_fraction,
+                               lambda v: f"{v:.0%} of VRAM in use before any job"))
+    return _check(kind, "unavailable", f"unknown GPU check {kind!r}")
+
+
 def gpu_checks(probe: ProbeResult, *, expected: int | None, limits: GpuLimits,
                kinds: Iterable[str] = GPU_KINDS) -> list[BenchCheck]:
     """One check per requested kind, in the order asked."""
     wanted = list(kinds)
     if probe.status != "ok" or probe.inventory is None:
         why = probe.reason or probe.status
-        detail = f"no GPU tool answered: {why}" if probe.status == "unavailable" else \
-            f"GPU tool output unusable: {why}"
-        return [_check(k, "unavailable", detail) for k in wanted]
+        detail = "no GPU tool answered" if probe.status == "unavailable" else \
+            "GPU tool output unusable"
+        # The tools tried and why each failed, once: the same for every kind.
+        return [_check(k, "unavailable", f"{detail}: {why}" if i == 0 else detail)
+                for i, k in enumerate(wanted)]
     gpus = probe.inventory.gpus
     tool = probe.tool or "tool"
     out = []
     for kind in wanted:
-        if kind == "gpu_count":
-            if expected is not None and len(gpus) < expected:
-                out.append(_check(kind, "failed",
-                                  f"{tool} sees {len(gpus)} GPU(s), inventory says {expected}"))
-            else:
-                out.append(_check(kind, "ok", f"{tool} sees {len(gpus)} GPU(s)"))
-        elif kind == "gpu_temperature":
-            top = limits.max_temp_c
-            out.append(_per_gpu(kind, gpus, lambda g: g.hottest_c,
-                                lambda v: f"{v:g} °C > {top:g} °C" if top is not None
-                                and v > top else None))
-        elif kind == "gpu_ecc":
-            most = limits.max_ecc_uncorrectable
-            out.append(_per_gpu(kind, gpus, lambda g: g.ecc_uncorrectable,
-                                lambda v: f"{v:g} uncorrectable ECC error(s)" if most is not None
-                                and v > most else None))
-        elif kind == "gpu_xgmi":
-            most_x = limits.max_xgmi_errors
-            out.append(_per_gpu(kind, gpus, lambda g: g.xgmi_errors,
-                                lambda v: f"XGMI errors {v:g}" if most_x is not None
-                                and v > most_x else None))
-        elif kind == "gpu_pcie":
-            out.append(_pcie(gpus, limits))
-        elif kind == "gpu_power":
-            cap = limits.max_power_over_cap
-            out.append(_per_gpu(
-                kind, gpus,
-                lambda g: g.power_w / g.power_cap_w if g.power_w is not None and g.power_cap_w
-                else (0.0 if g.power_w is not None else None),
-                lambda v: f"drawing {v:.0%} of its power cap" if cap is not None and v > cap
-                else None))
-        elif kind == "gpu_vram":
-            most_v = limits.max_vram_used_fraction
-            out.append(_per_gpu(
-                kind, gpus,
-                lambda g: g.vram_used_bytes / g.vram_total_bytes
-                if g.vram_used_bytes is not None and g.vram_total_bytes else None,
-                lambda v: f"{v:.0%} of VRAM in use before any job" if most_v is not None
-                and v > most_v else None))
+        if kind != "gpu_count":
+            out.append(_per_kind(kind, gpus, limits))
+        elif expected is not None and len(gpus) < expected:
+            out.append(_check(kind, "failed",
+                              f"{tool} sees {len(gpus)} GPU(s), inventory says {expected}"))
         else:
-            out.append(_check(kind, "unavailable", f"unknown GPU check {kind!r}"))
+            out.append(_check(kind, "ok", f"{tool} sees {len(gpus)} GPU(s)"))
     return out
 
 
-def _pcie(gpus: Iterable[GpuSample], limits: GpuLimits) -> BenchCheck:
+def _pcie(gpus: tuple[GpuSample, ...], limits: GpuLimits) -> BenchCheck:
     seen, problems = 0, []
     for gpu in gpus:
         width, speed = gpu.pcie_link_width, gpu.pcie_link_speed_gts

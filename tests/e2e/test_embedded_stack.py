@@ -138,6 +138,9 @@ async def _thin_path(stack: EmbeddedStack, tmp_path: Path) -> None:
     assert json.loads(shown.stdout)["summary"]["last_iteration"] == 40
     text = await asyncio.to_thread(run_cli, "lens", "job", job, env=env)
     assert "iterations up to 40" in text.stdout
+    explained = (await asyncio.to_thread(run_cli, "explain", job, env=env)).stdout
+    assert f"job {job} (e2e): completed" in explained
+    assert "job.placed" in explained and "attempt 1 on node-" in explained
 
 
 def test_demo_recovers_from_a_killed_node(tmp_path: Path) -> None:

@@ -7,7 +7,8 @@ import sys
 import time
 
 marker, seconds, fail_first = sys.argv[1], float(sys.argv[2]), sys.argv[3] == "1"
-line = f"{os.environ['PRIMUS_JOB_ID']} {os.environ['PRIMUS_ATTEMPT']} {os.environ['RANK']} {os.getpid()}\n"
+env = os.environ
+line = f"{env['PRIMUS_JOB_ID']} {env['PRIMUS_ATTEMPT']} {env['RANK']} {os.getpid()}\n"
 fd = os.open(marker, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
 os.write(fd, line.encode())
 os.close(fd)

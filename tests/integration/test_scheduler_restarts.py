@@ -25,33 +25,15 @@ from libs.events import (
     JobSpec,
     JobSubmitted,
     JobSubmittedData,
-    NodeRegistered,
-    NodeRegisteredData,
-    NodeStateChanged,
-    NodeStateData,
     WorkerExited,
     WorkerStarted,
     parse_event,
 )
-from tests.helpers import ROOT
+from tests.helpers import ROOT, ready_nodes
 
 pytestmark = pytest.mark.timeout(300)
 NODES = {f"n{i}": (2, f"r{(i - 1) // 2 + 1}") for i in range(1, 7)}  # 6 nodes x 2 GPUs
 WORKER = str(Path(__file__).with_name("restart_worker.py"))
-
-
-async def as_bootstrap(bus: Bus) -> None:
-    """What bootstrap would have done: nodes in KV and on the bus, ready."""
-    kv = await bus.kv("nodes")
-    for i, (name, (gpus, rack)) in enumerate(sorted(NODES.items()), 1):
-        spec = {"name": name, "ip": f"10.0.0.{i}", "gpu_model": "MI300X", "gpu_count": gpus,
-                "labels": {"rack": rack}, "roles": ["worker"], "ssh_user": None}
-        await kv.put(name, json.dumps({"spec": spec, "state": "ready", "reason": "",
-                                       "registration": f"reg-{name}"}).encode())
-        await bus.publish(NodeRegistered(source="test", node=name, data=NodeRegisteredData(
-            ip=spec["ip"], gpu_model="MI300X", gpu_count=gpus, labels={"rack": rack})))
-        await bus.publish(NodeStateChanged(source="test", node=name,
-                                           data=NodeStateData(state="ready")))
 
 
 def jobs(rng: random.Random, marker: Path) -> list[JobSubmitted]:
@@ -78,7 +60,7 @@ async def test_invariants_hold_across_random_scheduler_kills(
         nats_url: str, bus: Bus, tmp_path: Path) -> None:
     rng = random.Random(int(os.environ.get("PRIMUS_TEST_SEED", "20261130")))
     state, marker, log = tmp_path / "state", tmp_path / "started.txt", tmp_path / "sched.log"
-    await as_bootstrap(bus)
+    await ready_nodes(bus, NODES)
     submitted = jobs(rng, marker)
     for event in submitted:
         await bus.publish(event)

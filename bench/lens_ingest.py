@@ -1,0 +1,261 @@
+"""Lens ingest end to end: simulated GPUs through real NATS JetStream into one
+lens-collector and chDB.
+
+A real nats-server (JetStream, file storage) and a real lens-collector
+process (its own chDB under a temp dir, migrations, roll-up views, the alert
+loop) run on this machine. This process stands in for the agents: it
+publishes one agent-shaped ``telemetry.node`` message per simulated node
+per second, holding that node's 8 GPUs (all readings, NICs with an RDMA
+port, disks, filesystems), spread over the second, with ``Nats-Msg-Id``.
+The messages are real encodings of the pydantic event with only the id and
+time patched per send, so the publisher's CPU stays out of the way.
+
+Figures, measured in the same run:
+
+- sustained GPU-rows/s: GPU rows stored (and queryable) / time from the
+  first publish to the last row stored; every published row must be there,
+  once;
+- end-to-end lag p50/p99: a row's insert time minus its sample time;
+- the raw engine ceiling: the same GPU and node rows inserted directly as
+  columns (Arrow) into a chDB with the same schema and views, in this
+  process before the pipeline starts; and the ratio of the two.
+
+    python bench/lens_ingest.py [--gpus 100000] [--seconds 30]
+
+Ends with one JSON line of the figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from libs.bus import Bus  # noqa: E402
+from libs.embedded import NatsServer  # noqa: E402
+from libs.events import (  # noqa: E402
+    DiskMetrics,
+    FsMetrics,
+    GpuMetrics,
+    NicMetrics,
+    NodeTelemetry,
+    NodeTelemetryData,
+    encode_event,
+)
+from services.lens_collector.rows import COLUMNS, rows_for  # noqa: E402
+
+GPUS_PER_NODE = 8
+SLICES = 20  # publish bursts per second
+DB = "primus"
+
+
+def node_event(node: str) -> NodeTelemetry:
+    gpus = [GpuMetrics(index=g, util_pct=97.5 - g, vram_used_bytes=150_000_000_000 + g,
+                       vram_total_bytes=206_158_430_208, temp_c=71.0 + g,
+                       temp_junction_c=88.0 + g, temp_hbm_c=79.0, power_w=690.5 - g,
+                       power_cap_w=750.0, sclk_mhz=2100.0, mclk_mhz=1300.0,
+                       ecc_correctable=3, ecc_uncorrectable=0, pcie_rx_bytes_s=2.1e9,
+                       pcie_tx_bytes_s=1.7e9) for g in range(GPUS_PER_NODE)]
+    return NodeTelemetry(source=f"bench-agent/{node}", node=node, data=NodeTelemetryData(
+        cpu_pct=37.5, mem_used_bytes=812_000_000_000, mem_total_bytes=2_164_000_000_000,
+        load1=48.2, gpus=gpus, gpu_tool="amd-smi",
+        nics=[NicMetrics(name="eth0", rx_bytes_s=1.2e8, tx_bytes_s=9.1e7)]
+        + [NicMetrics(name=f"mlx5_{i}/1", rx_bytes_s=2.3e10, tx_bytes_s=2.2e10, rdma=True)
+           for i in range(8)],
+        disks=[DiskMetrics(name="nvme0n1", read_bytes_s=4.1e8, write_bytes_s=1.2e8)],
+        filesystems=[FsMetrics(mount="/", free_bytes=1_200_000_000_000,
+                               total_bytes=3_800_000_000_000),
+                     FsMetrics(mount="/dev/shm", free_bytes=900_000_000_000,
+                               total_bytes=1_000_000_000_000)]))
+
+
+class Template:
+    """One node's encoded message with the id and time cut out, to patch per send."""
+
+    def __init__(self, event: NodeTelemetry) -> None:
+        raw = encode_event(event)
+        id_at = raw.index(event.id.encode())
+        stamp = event.time.isoformat().replace("+00:00", "Z").encode()
+        t_at = raw.index(stamp)
+        self.head, self.mid, self.tail = raw[:id_at], raw[id_at + 32:t_at], raw[t_at + len(stamp):]
+        self.subject = event.subject
+
+    def render(self, event_id: str, stamp: str) -> bytes:
+        return b"".join((self.head, event_id.encode(), self.mid, stamp.encode(), self.tail))
+
+
+def ceiling(dsn: str, nodes: int, rounds: int) -> dict[str, float]:
+    """The engine alone: the same rows inserted as columns, GPU rows per second."""
+    import pyarrow as pa
+
+    from libs.store import migrate, open_store
+    from services.lens_collector.schema import MIGRATIONS
+
+    client = open_store(dsn)
+    migrate(client, "ceiling", MIGRATIONS)
+    best: dict[str, float] = {}
+    for k in range(rounds):
+        events = [node_event(f"gpu-{i:05d}") for i in range(nodes)]
+        events = [e.model_copy(update={"id": f"c{k}-{i}"}) for i, e in enumerate(events)]
+        tables = rows_for([(e, 0) for e in events])
+        t0 = time.perf_counter()
+        arrow = {t: _arrow(pa, t, rows) for t, rows in tables.items()}
+        built = time.perf_counter()
+        for table, data in arrow.items():
+            client.insert_arrow(f"ceiling.{table}", data)
+        done = time.perf_counter()
+        rate = len(tables["gpu_metrics"]) / (done - built)
+        best["arrow_insert_gpu_rows_per_s"] = max(best.get("arrow_insert_gpu_rows_per_s", 0), rate)
+        best["arrow_build_s"] = built - t0
+    client.command("DROP DATABASE ceiling SYNC")
+    client.close()
+    return best
+
+
+def _arrow(pa: object, table: str, rows: list[list[object]]) -> object:
+    """Rows as an Arrow table; maps need their type spelled out."""
+    columns = {}
+    for j, name in enumerate(COLUMNS[table]):
+        values = [r[j] for r in rows]
+        if isinstance(values[0], dict):
+            kind = pa.uint64() if name.startswith("fs_") else pa.float64()  # type: ignore[attr-defined]
+            columns[name] = pa.array([list(v.items()) for v in values],  # type: ignore[attr-defined]
+                                     type=pa.map_(pa.string(), kind))  # type: ignore[attr-defined]
+        else:
+            columns[name] = pa.array(values)  # type: ignore[attr-defined]
+    return pa.table(columns)  # type: ignore[attr-defined]
+
+
+def start_collector(nats_url: str, chdb: Path, log: Path) -> subprocess.Popen[bytes]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PRIMUS_")}
+    env.update(PRIMUS_NATS_URL=nats_url, PRIMUS_CLICKHOUSE_DSN=f"chdb://{chdb}",
+               PRIMUS_CLICKHOUSE_DATABASE=DB, PRIMUS_LOG_LEVEL="warning")
+    root = Path(__file__).resolve().parents[1]
+    return subprocess.Popen([sys.executable, "-m", "cli.main", "lens-collector"], env=env,
+                            cwd=root, stdout=log.open("wb"), stderr=subprocess.STDOUT)
+
+
+async def lens(bus: Bus, query: str, **params: object) -> list[dict[str, object]]:
+    reply = await bus.request("safe.lens.query", {"query": query, "params": params},
+                              timeout_s=60)
+    if not reply.get("ok"):
+        raise RuntimeError(reply)
+    return [dict(zip(reply["columns"], r, strict=True)) for r in reply["rows"]]
+
+
+async def stored_gpu_rows(bus: Bus) -> int:
+    rows = await lens(bus, "table_counts")
+    return int(next(r["rows"] for r in rows if r["table"] == "gpu_metrics"))
+
+
+async def publish(bus: Bus, templates: list[Template], seconds: int) -> tuple[int, float]:
+    """One message per node per second for ``seconds``; (messages, first send time)."""
+    per_slice = [templates[i::SLICES] for i in range(SLICES)]
+    sent, first = 0, time.time()
+    publish_core = bus.nc.publish
+    for second in range(seconds):
+        for s, batch in enumerate(per_slice):
+            due = first + second + s / SLICES
+            await asyncio.sleep(max(0.0, due - time.time()))
+            stamp = datetime.now(UTC).isoformat(timespec="microseconds").replace("+00:00", "Z")
+            for n, t in enumerate(batch):
+                event_id = f"{second:08d}{s:04d}{n:020d}"
+                await publish_core(t.subject, t.render(event_id, stamp),
+                                   headers={"Nats-Msg-Id": event_id})
+                sent += 1
+        await bus.nc.flush()
+    return sent, first
+
+
+async def pipeline(gpus: int, seconds: int, tmp: Path) -> dict[str, object]:
+    nodes = gpus // GPUS_PER_NODE
+    server = NatsServer(tmp / "nats").start(tmp / "nats.log")
+    collector = start_collector(server.url, tmp / "chdb", tmp / "collector.log")
+    bus = await Bus.connect(server.url, "bench")
+    try:
+        await bus.ensure_topology()
+        for _ in range(600):  # the collector answers once its store is migrated
+            try:
+                await lens(bus, "table_counts")
+                break
+            except Exception:
+                await asyncio.sleep(0.2)
+        templates = [Template(node_event(f"gpu-{i:05d}")) for i in range(nodes)]
+        sent, first = await publish(bus, templates, seconds)
+        published_at = time.time()
+        expected = sent * GPUS_PER_NODE
+        stored, last_change, last = 0, time.time(), -1
+        while stored < expected and time.time() - last_change < 30:
+            stored = await stored_gpu_rows(bus)
+            if stored != last:
+                last, last_change = stored, time.time()
+            await asyncio.sleep(0.25)
+        done = last_change
+        lag = (await lens(bus, "ingest_lag", seconds=int(time.time() - first) + 60))[0]
+        counts = {r["table"]: r for r in await lens(bus, "table_counts")}
+        stream = await bus.js.stream_info("TELEMETRY")
+        return {
+            "nodes": nodes, "gpus": gpus, "seconds": seconds, "messages_published": sent,
+            "messages_in_stream": stream.state.messages,
+            "gpu_rows_expected": expected, "gpu_rows_stored": counts["gpu_metrics"]["rows"],
+            "gpu_rows_distinct": counts["gpu_metrics"]["distinct_ids"],
+            "publish_s": round(published_at - first, 3), "elapsed_s": round(done - first, 3),
+            "sustained_gpu_rows_per_s": round(stored / (done - first)),
+            "lag_p50_s": lag["p50_s"], "lag_p99_s": lag["p99_s"], "lag_max_s": lag["max_s"],
+            "message_bytes": len(templates[0].render("0" * 32, "2026-01-01T00:00:00.000000Z")),
+        }
+    finally:
+        await bus.close()
+        collector.send_signal(signal.SIGTERM)
+        try:
+            collector.wait(30)
+        except subprocess.TimeoutExpired:
+            collector.kill()
+        server.stop()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--gpus", type=int, default=100_000, help="simulated GPUs (8 per node)")
+    parser.add_argument("--seconds", type=int, default=30, help="how long to publish")
+    parser.add_argument("--ceiling-rounds", type=int, default=3)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="lens-ingest-") as tmp_dir:
+        tmp = Path(tmp_dir)
+        raw = ceiling(f"chdb://{tmp / 'ceiling'}", args.gpus // GPUS_PER_NODE,
+                      args.ceiling_rounds)
+        run = asyncio.run(pipeline(args.gpus, args.seconds, tmp))
+    value = run["sustained_gpu_rows_per_s"]
+    base = round(raw["arrow_insert_gpu_rows_per_s"])
+    complete = run["gpu_rows_stored"] == run["gpu_rows_expected"] == run["gpu_rows_distinct"]
+    print(f"simulated                  {run['gpus']} GPUs on {run['nodes']} nodes, "
+          f"{run['message_bytes']} bytes per node message, {run['seconds']} s")
+    print(f"published                  {run['messages_published']} messages "
+          f"({run['messages_in_stream']} in the stream) in {run['publish_s']} s")
+    print(f"stored                     {run['gpu_rows_stored']} GPU rows "
+          f"({run['gpu_rows_distinct']} distinct, {run['gpu_rows_expected']} expected)"
+          f"{'' if complete else '  <-- INCOMPLETE'}")
+    print(f"sustained end to end       {value} GPU-rows/s")
+    print(f"lag (insert - sample)      p50 {run['lag_p50_s']:.3f} s, p99 {run['lag_p99_s']:.3f} s,"
+          f" max {run['lag_max_s']:.3f} s")
+    print(f"raw engine ceiling         {base} GPU-rows/s (Arrow column insert, same schema)")
+    print(f"ratio                      {value / base:.2f}")
+    print(json.dumps({"name": "lens_ingest_gpu_rows_per_s", "value": value, "unit": "GPU-rows/s",
+                      "baseline": base, "baseline_name": "direct Arrow column insert into chDB",
+                      "ratio": round(value / base, 3), "complete": complete, **run,
+                      **{k: round(v, 3) for k, v in raw.items()}}))
+    return 0 if complete else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

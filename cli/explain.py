@@ -1,0 +1,68 @@
+"""``primus-safe explain JOB``: where a job runs or why it waits (its queue
+position and the scheduler's reason), and its history from Lens."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from cli.client import CliError, connect, lens_query, read_bucket
+from libs.settings import Settings
+
+
+async def explain(job: str, settings: Settings) -> dict[str, Any]:
+    bus = await connect(settings)
+    try:
+        record = next((r for r in await read_bucket(bus, "jobs") if r["id"] == job), None)
+        if record is None:
+            raise CliError(f"no job {job!r}; `primus-safe jobs` lists them")
+        try:
+            history = await lens_query(bus, "events", job=job, node="", limit=500)
+        except CliError as exc:
+            history, record["history_note"] = [], str(exc)
+    finally:
+        await bus.close()
+    return {"job": record, "history": history}
+
+
+def describe(doc: dict[str, Any]) -> str:
+    r, spec = doc["job"], doc["job"]["spec"]
+    lines = [f"job {r['id']} ({spec['name']}): {r['status']}; workspace {spec['workspace']}, "
+             f"priority {spec['priority']}, {spec['workers']} worker(s) x "
+             f"{spec['gpus_per_worker']} GPU(s); attempt {r['attempt']}, "
+             f"{r['retries']} of {spec['max_retry']} retries used"]
+    if r["status"] in ("running", "terminating"):
+        where = ", ".join(f"rank {s['rank']} on {s['node']}" for s in r["slots"])
+        lines.append(f"runs on: {where}")
+        if r["status"] == "terminating":
+            lines.append(f"stopping: {r['reason']}")
+    elif r["status"] == "pending":
+        lines.append(f"waits: position {r['position']} in workspace {spec['workspace']}: "
+                     f"{r['reason'] or 'not considered yet'}" + (f" [{r['code']}]" if r.get(
+                         "code") else ""))
+        if r.get("recovering"):
+            lines.append(f"recovering: served first, avoiding {', '.join(r['exclude_nodes'])}")
+    elif r["reason"]:
+        lines.append(f"ended: {r['reason']}")
+    if doc["history"]:
+        lines.append("history:")
+        for e in doc["history"]:
+            data = json.loads(e["data"]) if isinstance(e["data"], str) else e["data"]
+            lines.append(f"  {e['time']}  {e['type']:<15} {_summary(e['type'], data)}")
+    elif r.get("history_note"):
+        lines.append(f"history unavailable: {r['history_note']}")
+    return "\n".join(lines)
+
+
+def _summary(kind: str, data: dict[str, Any]) -> str:
+    if kind == "job.placed":
+        return "attempt {} on {}".format(data["attempt"],
+                                         ", ".join(w["node"] for w in data["workers"]))
+    if kind == "job.pending":
+        return f"#{data['position']}: {data['reason']}"
+    if kind in ("worker.started", "worker.exited"):
+        code = f" exit {data['exit_code']}" if "exit_code" in data else ""
+        return f"attempt {data['attempt']} rank {data['rank']}{code}"
+    if kind == "job.preempted":
+        return f"by {data['preemptor']} (grace {data['grace_s']} s)"
+    return data.get("reason", "") if isinstance(data, dict) else ""

@@ -1,0 +1,175 @@
+"""``primus-safe lens ...``: what Lens knows about a node or a job, asked over
+the bus with the collector's named queries (never SQL from here).
+
+- ``lens node NODE``: the node's telemetry, its GPUs now, its open alerts;
+- ``lens job JOB``: loss curve, throughput, checkpoints and alerts;
+- ``lens events [--job J] [--node N]``: metrics, events, alerts and logs on
+  one timeline;
+- ``lens alerts [--job J] [--node N] [--open]`` and ``lens logs ...``;
+- ``lens report --job J -o report.html``: a self-contained HTML report with
+  plots (see ``lens_report``).
+
+Every verb takes ``--json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+from cli.client import CliError, connect, lens_query
+from libs.settings import Settings
+
+
+def add_parser(sub: Any) -> None:
+    lens_p = sub.add_parser("lens", help="telemetry, history, alerts and logs from Lens")
+    lsub = lens_p.add_subparsers(dest="lens_verb", required=True)
+    s = lsub.add_parser("job", help="loss curve, throughput, checkpoints, alerts of a job")
+    s.add_argument("id")
+    s.add_argument("--limit", type=int, default=10000)
+    s.add_argument("--json", action="store_true")
+    s = lsub.add_parser("node", help="a node's telemetry, its GPUs and alerts")
+    s.add_argument("id")
+    s.add_argument("--minutes", type=int, default=60)
+    s.add_argument("--limit", type=int, default=10000)
+    s.add_argument("--json", action="store_true")
+    for verb, what in (("events", "metrics, events, alerts and logs on one timeline"),
+                       ("alerts", "alerts, newest first"), ("logs", "log lines")):
+        s = lsub.add_parser(verb, help=what)
+        s.add_argument("--job")
+        s.add_argument("--node")
+        s.add_argument("--limit", type=int, default=200)
+        s.add_argument("--json", action="store_true")
+        if verb == "alerts":
+            s.add_argument("--open", action="store_true", help="only alerts still open")
+        if verb == "events":
+            s.add_argument("--step", type=int, default=10, help="seconds per metric row")
+    s = lsub.add_parser("report", help="a self-contained HTML report of a job, with plots")
+    s.add_argument("--job", required=True)
+    s.add_argument("-o", "--output", default=None, help="default: report-<job>.html")
+    s.add_argument("--json", action="store_true", help="print the data instead")
+
+
+def run(args: argparse.Namespace) -> int:
+    result = asyncio.run(fetch(args))
+    if args.lens_verb == "report" and not args.json:
+        from cli.lens_report import render
+
+        out = Path(args.output or f"report-{args.job}.html")
+        out.write_text(render(args.job, result))
+        print(out)
+        return 0
+    if args.json:
+        print(json.dumps(result, indent=2, default=str))
+    else:
+        show(args, result)
+    return 0
+
+
+async def fetch(args: argparse.Namespace) -> Any:
+    bus = await connect(Settings())
+    try:
+        verb = args.lens_verb
+        if verb == "job":
+            return await job_data(bus, args.id, args.limit)
+        if verb == "report":
+            data = await job_data(bus, args.job, 100_000)
+            data["timeline"] = await lens_query(bus, "timeline", job=args.job, limit=2000)
+            return data
+        if verb == "node":
+            return {
+                "summary": await _first(bus, "node_summary", node=args.id),
+                "gpus": await lens_query(bus, "node_gpus", node=args.id, minutes=args.minutes),
+                "series": await lens_query(bus, "node_series", node=args.id,
+                                           minutes=args.minutes),
+                "alerts": await lens_query(bus, "alerts", node=args.id, open_only=1),
+            }
+        keys = {"job": args.job or "", "node": args.node or "", "limit": args.limit}
+        if verb == "alerts":
+            return await lens_query(bus, "alerts", open_only=int(args.open), **keys)
+        if verb == "logs":
+            return await lens_query(bus, "logs", **keys)
+        return await lens_query(bus, "timeline", step=args.step, **keys)
+    finally:
+        await bus.close()
+
+
+async def job_data(bus: Any, job: str, limit: int) -> dict[str, Any]:
+    return {
+        "summary": await _first(bus, "job_summary", job=job),
+        "series": await lens_query(bus, "job_series", job=job, limit=limit),
+        "throughput": await lens_query(bus, "job_throughput", job=job),
+        "checkpoints": await lens_query(bus, "job_checkpoints", job=job),
+        "alerts": await lens_query(bus, "alerts", job=job),
+    }
+
+
+async def _first(bus: Any, name: str, **params: Any) -> dict[str, Any]:
+    return (await lens_query(bus, name, **params) or [{}])[0]
+
+
+# --------------------------------------------------------------------------- text
+
+
+def show(args: argparse.Namespace, result: Any) -> None:
+    verb = args.lens_verb
+    if verb == "job":
+        s = result["summary"]
+        if not s.get("samples"):
+            raise CliError(f"no telemetry for job {args.id!r} yet")
+        print(f"job {args.id}: {s['ranks']} rank(s), iterations up to {s['last_iteration']}, "
+              f"loss {_num(s['first_loss'])} -> {_num(s['last_loss'])}, "
+              f"{s['checkpoints']} checkpoint file(s), mean throughput "
+              f"{_num(s['mean_throughput'])} samples/s per rank")
+        step = max(1, len(result["series"]) // 12)
+        table(result["series"][::step], ["iteration", "loss", "throughput", "step_time_s"],
+              "loss curve (sampled)")
+        table(result["checkpoints"], ["iteration", "rank", "checkpoint_bytes",
+                                      "checkpoint_duration_s", "checkpoint_path"], "checkpoints")
+        table(result["alerts"], ["state", "rule", "subject", "opened_at", "message"], "alerts")
+    elif verb == "node":
+        s = result["summary"]
+        if not s.get("samples"):
+            raise CliError(f"no telemetry for node {args.id!r} yet")
+        table([s], list(s), f"node {args.id}")
+        table(result["gpus"], ["gpu", "util_pct", "temp_c", "temp_junction_c", "power_w",
+                               "power_cap_w", "vram_used_bytes", "vram_total_bytes",
+                               "ecc_uncorrectable"], "GPUs (newest readings)")
+        table(result["alerts"], ["rule", "subject", "opened_at", "message"], "open alerts")
+    elif verb == "alerts":
+        table(result, ["state", "severity", "rule", "subject", "opened_at", "closed_at",
+                       "message"], "alerts")
+    elif verb == "logs":
+        table(result, ["time", "service", "level", "node", "job", "message"], "logs")
+    else:
+        table(result, ["time", "kind", "name", "node", "job", "detail"], "timeline")
+
+
+def table(rows: list[dict[str, Any]], columns: list[str], title: str) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    if not rows:
+        return
+    t = Table(title=title)
+    for col in columns:
+        t.add_column(col)
+    for row in rows:
+        t.add_row(*[_cell(row.get(c)) for c in columns])
+    Console().print(t)
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    text = value if isinstance(value, str) else json.dumps(value, default=str)
+    return text if len(text) <= 120 else text[:117] + "..."
+
+
+def _num(value: Any) -> str:
+    return "-" if value is None else f"{value:.4g}" if isinstance(value, float) else str(value)

@@ -1,0 +1,115 @@
+"""The scheduler service on a real bus: pending jobs carry a reason and a
+queue position (shown by `primus-safe jobs` and `explain`), and a
+higher-priority job preempts a lower one, which is checkpointed, requeued at
+the head and placed again once room returns."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from libs.bus import Bus
+from libs.drivers.local import reap_all
+from libs.events import JobSpec, JobSubmitted, JobSubmittedData
+from tests.helpers import ROOT, ready_nodes, run_cli
+
+pytestmark = pytest.mark.timeout(180)
+
+
+def scheduler(nats_url: str, state: Path, log: Path, **env: str) -> subprocess.Popen[bytes]:
+    full = {k: v for k, v in os.environ.items() if not k.startswith("PRIMUS_")}
+    full.update(PRIMUS_NATS_URL=nats_url, PRIMUS_STATE_DIR=str(state), **env)
+    return subprocess.Popen([sys.executable, "-m", "cli.main", "scheduler"], env=full, cwd=ROOT,
+                            stdout=log.open("ab"), stderr=subprocess.STDOUT)
+
+
+def submit(job: str, *, workers: int, priority: str, seconds: float, **kw: Any) -> JobSubmitted:
+    spec = JobSpec(name=job, workers=workers, gpus_per_worker=1, priority=priority,  # type: ignore[arg-type]
+                   command=["python", "-c", f"import time; time.sleep({seconds})"],
+                   workdir=str(ROOT), **kw)
+    return JobSubmitted(source="test", job=job, data=JobSubmittedData(spec=spec))
+
+
+async def record(bus: Bus, job: str) -> dict[str, Any]:
+    kv = await bus.kv("jobs")
+    return json.loads((await kv.get(job)).value)
+
+
+async def until(fn, what: str, timeout: float = 60) -> Any:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            value = await fn()
+        except Exception:
+            value = None
+        if value:
+            return value
+        await asyncio.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+async def test_reasons_positions_and_preemption(nats_url: str, bus: Bus, tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    sched_file = tmp_path / "scheduler.yaml"
+    sched_file.write_text("preemption_grace_s: 5\nworkspaces:\n  - {name: default}\n")
+    await ready_nodes(bus, {"n1": (1, "r1"), "n2": (1, "r1"), "n3": (1, "r2")})
+    proc = scheduler(nats_url, state, tmp_path / "sched.log",
+                     PRIMUS_SCHEDULER_CONFIG=str(sched_file))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PRIMUS_")}
+    env.update(PRIMUS_NATS_URL=nats_url)
+    try:
+        await bus.publish(submit("low", workers=2, priority="medium", seconds=60))
+
+        async def low_running() -> bool:
+            return (await record(bus, "low"))["status"] == "running"
+
+        await until(low_running, "the low-priority job to run")
+        await bus.publish(submit("big", workers=3, priority="medium", seconds=1))
+
+        async def big_explained() -> dict[str, Any] | None:
+            r = await record(bus, "big")
+            return r if r["reason"] else None
+
+        big = await until(big_explained, "a reason for the job that cannot fit")
+        assert big["status"] == "pending" and big["position"] == 1
+        assert "needs 3 GPUs" in big["reason"]
+        shown = await asyncio.to_thread(run_cli, "jobs", "--json", env=env)
+        rows = {r["job"]: r for r in json.loads(shown.stdout)}
+        assert rows["big"]["position"] == 1 and "needs 3 GPUs" in rows["big"]["reason"]
+        text = (await asyncio.to_thread(run_cli, "explain", "big", env=env)).stdout
+        assert "waits: position 1 in workspace default" in text and "needs 3 GPUs" in text
+
+        # big cannot preempt a job of its own class. A high-priority job needs
+        # low's GPUs: low is preempted, and comes back first once urgent is done.
+        await bus.publish(submit("urgent", workers=2, priority="high", seconds=1))
+
+        async def urgent_ran() -> bool:
+            return (await record(bus, "urgent"))["status"] == "completed"
+
+        await until(urgent_ran, "the urgent job to run and finish")
+        low = await record(bus, "low")
+        assert low["attempt"] >= 1 and low["retries"] == 0  # preemption spends no retry
+
+        async def low_back() -> bool:
+            r = await record(bus, "low")
+            return r["status"] == "running" and r["attempt"] == 2
+
+        await until(low_back, "the preempted job to be placed again", timeout=90)
+        last = (await bus.js.stream_info("CONTROL")).state.last_seq
+        kinds = [json.loads((await bus.js.get_msg("CONTROL", s)).data) for s in range(1, last + 1)]
+        preempted = [k for k in kinds if k["type"] == "job.preempted"]
+        assert [(p["job"], p["data"]["preemptor"]) for p in preempted] == [("low", "urgent")]
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        code = await asyncio.to_thread(proc.wait, 30)
+        reap_all(state)
+    assert code == 0
