@@ -8,6 +8,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from libs.settings import Settings
+
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "deploy" / "helm" / "primus-safe"
 HELM = REPO / ".tools" / "helm"
@@ -18,24 +20,8 @@ NAMESPACE = "primus-system"
 KUBE_VERSIONS = ("1.30.0", "1.33.0")
 
 # The settings contract with the code: the only variables the chart and the
-# compose file may pass to a Primus-SaFE container.
-PRIMUS_ENV = frozenset(
-    {
-        "PRIMUS_NATS_URL",
-        "PRIMUS_NATS_TOKEN",
-        "PRIMUS_CLICKHOUSE_DSN",
-        "PRIMUS_CLICKHOUSE_DATABASE",
-        "PRIMUS_STATE_DIR",
-        "PRIMUS_NODE_NAME",
-        "PRIMUS_HEARTBEAT_INTERVAL_S",
-        "PRIMUS_HEARTBEAT_MISSED",
-        "PRIMUS_TELEMETRY_INTERVAL_S",
-        "PRIMUS_LOG_LEVEL",
-        "PRIMUS_DRIVER",
-        "PRIMUS_HOSTS_FILE",
-        "PRIMUS_SETTINGS_FILE",
-    }
-)
+# compose file may pass to a Primus-SaFE container are the settings model's.
+PRIMUS_ENV = frozenset(f"PRIMUS_{name.upper()}" for name in Settings.model_fields)
 SECRET_ENV = frozenset({"PRIMUS_NATS_TOKEN", "PRIMUS_CLICKHOUSE_DSN"})
 
 # CLI verb of each service run as a Deployment.
