@@ -21,7 +21,7 @@ from rich.console import Console
 from rich.status import Status
 
 from cli.client import CliError, connect
-from cli.main import _print, _settings
+from cli.output import load_settings, print_rows
 from libs.events import BenchRequest, BenchRequestData, BenchResult, check_key, parse_event
 from services.bench.protocol import PROGRESS_SUBJECT, REPORT_SUBJECT
 
@@ -47,7 +47,7 @@ class Watch:
 
 
 async def _run(node: str, level: str, timeout_s: float, status: Status | None) -> Watch:
-    bus = await connect(_settings())
+    bus = await connect(load_settings())
     request = BenchRequest(source="cli", node=node,
                            data=BenchRequestData(level=level, reason="operator"))  # type: ignore[arg-type]
     watch = Watch(request.id)
@@ -136,16 +136,16 @@ def run(args: argparse.Namespace) -> int:
     retried = " after a retry" if watch.attempts > 1 else ""
     console.print(f"{node}: {d.level} [{colour}]{outcome}[/]{retried} on {d.device} "
                   f"x{d.device_count} in {d.duration_s:.1f} s ({judged}) — {d.reason}")
-    _print([f.model_dump() for f in d.figures], False, ["name", "value", "unit"],
+    print_rows([f.model_dump() for f in d.figures], False, ["name", "value", "unit"],
            f"{node} figures")
     if d.checks:
-        _print([c.model_dump() for c in d.checks], False, ["name", "status", "detail"],
+        print_rows([c.model_dump() for c in d.checks], False, ["name", "status", "detail"],
                f"{node} checks")
     return 0 if d.passed else 1
 
 
 async def _report() -> list[dict[str, Any]]:
-    bus = await connect(_settings())
+    bus = await connect(load_settings())
     try:
         reply = await bus.request(REPORT_SUBJECT, timeout_s=10)
     except Exception as exc:
@@ -165,7 +165,7 @@ def report(args: argparse.Namespace) -> int:
     shown = [{**r, "relative": f"{100 * r['relative']:+.1f}%",
               "flagged": "yes" if r["flagged"] else "", "outcome": r.get("outcome") or ""}
              for r in rows]
-    _print(shown, False, ["node", "level", "gpu_model", "name", "value", "unit", "median",
+    print_rows(shown, False, ["node", "level", "gpu_model", "name", "value", "unit", "median",
                           "relative", "flagged", "peers", "outcome"],
            "bench fleet (sorted by deviation from the median, worst first)")
     return 0

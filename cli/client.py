@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +14,9 @@ from nats.js.errors import BucketNotFoundError, NoKeysError
 
 from libs.bus import Bus
 from libs.embedded import STACK_FILE
+from libs.events import JobSpec, JobSubmitted, JobSubmittedData, check_key
 from libs.settings import Settings
+from libs.specs import load_model
 
 LENS_QUERY_SUBJECT = "safe.lens.query"
 
@@ -67,3 +70,17 @@ async def lens_query(bus: Bus, name: str, **params: Any) -> list[dict[str, Any]]
     if not reply.get("ok"):
         raise CliError(f"lens query {name!r} failed: {reply.get('error')}")
     return [dict(zip(reply["columns"], row, strict=True)) for row in reply["rows"]]
+
+
+async def submit(path: str) -> str:
+    """Validate a job file and queue it; returns the new job id."""
+    spec = load_model(path, JobSpec)
+    if spec.workdir is None:
+        spec = spec.model_copy(update={"workdir": str(Path.cwd())})
+    job = f"{check_key(spec.name, 'job name')[:40]}-{uuid.uuid4().hex[:6]}"
+    bus = await connect(Settings())
+    try:
+        await bus.publish(JobSubmitted(source="cli", job=job, data=JobSubmittedData(spec=spec)))
+    finally:
+        await bus.close()
+    return job

@@ -10,22 +10,20 @@ import argparse
 import asyncio
 import json
 import sys
-import uuid
 from pathlib import Path
 from typing import Any
 
 from cli import lens_verbs
-from cli.client import CliError, connect, read_bucket
-from libs.events import JobSpec, JobSubmitted, JobSubmittedData, check_key
-from libs.settings import Settings
-from libs.specs import SpecError, load_model
+from cli.client import CliError, connect, read_bucket, submit
+from cli.output import load_settings, print_rows
+from libs.events import check_key
+from libs.specs import SpecError
 
 SERVICE_VERBS = ("bootstrap", "scheduler", "bench-agent", "bench-coordinator", "lens-collector",
                  "failover")
 
 
-def _settings() -> Settings:
-    return Settings()
+
 
 
 # --------------------------------------------------------------------------- services
@@ -34,7 +32,7 @@ def _settings() -> Settings:
 def run_service_verb(args: argparse.Namespace) -> int:
     from libs.service import run_service
 
-    settings = _settings()
+    settings = load_settings()
     node = None
     if args.verb == "bootstrap":
         from services.bootstrap.app import Bootstrap
@@ -71,46 +69,17 @@ def run_service_verb(args: argparse.Namespace) -> int:
 # --------------------------------------------------------------------------- verbs
 
 
-def _print(data: Any, as_json: bool, columns: list[str], title: str) -> None:
-    if as_json:
-        print(json.dumps(data, indent=2, default=str))
-        return
-    from rich.console import Console
-    from rich.table import Table
-
-    table = Table(title=title)
-    for col in columns:
-        table.add_column(col)
-    for row in data:
-        table.add_row(*[_cell(row.get(c)) for c in columns])
-    Console().print(table)
 
 
-def _cell(value: Any) -> str:
-    if value is None:
-        return ""
-    if isinstance(value, float):
-        return f"{value:.4g}"
-    if isinstance(value, list | dict):
-        return json.dumps(value) if not isinstance(value, list) else ", ".join(map(str, value))
-    return str(value)
 
 
-async def submit(path: str) -> str:
-    spec = load_model(path, JobSpec)
-    if spec.workdir is None:
-        spec = spec.model_copy(update={"workdir": str(Path.cwd())})
-    job = f"{check_key(spec.name, 'job name')[:40]}-{uuid.uuid4().hex[:6]}"
-    bus = await connect(_settings())
-    try:
-        await bus.publish(JobSubmitted(source="cli", job=job, data=JobSubmittedData(spec=spec)))
-    finally:
-        await bus.close()
-    return job
+
+
+
 
 
 async def listing(bucket: str) -> list[dict[str, Any]]:
-    bus = await connect(_settings())
+    bus = await connect(load_settings())
     try:
         return await read_bucket(bus, bucket)
     finally:
@@ -138,7 +107,7 @@ def node_rows(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
 async def health(service: str, node: str | None) -> dict[str, Any]:
     from libs.service import health_subject
 
-    bus = await connect(_settings())
+    bus = await connect(load_settings())
     try:
         return await bus.request(health_subject(service, node), timeout_s=3)
     finally:
@@ -205,26 +174,26 @@ def dispatch(args: argparse.Namespace) -> int:
         return 0
     if args.verb == "jobs":
         rows = job_rows(asyncio.run(listing("jobs")))
-        _print(rows, args.json, ["job", "status", "attempt", "workers", "priority", "nodes",
+        print_rows(rows, args.json, ["job", "status", "attempt", "workers", "priority", "nodes",
                                  "position", "reason"], "jobs")
         return 0
     if args.verb == "explain":
         from cli.explain import describe, explain
 
-        doc = asyncio.run(explain(args.job, _settings()))
+        doc = asyncio.run(explain(args.job, load_settings()))
         print(json.dumps(doc, indent=2, default=str) if args.json else describe(doc))
         return 0
     if args.verb == "nodes":
         rows = node_rows(asyncio.run(listing("nodes")))
-        _print(rows, args.json, ["node", "state", "ip", "gpu_model", "gpus", "rack", "reason"],
+        print_rows(rows, args.json, ["node", "state", "ip", "gpu_model", "gpus", "rack", "reason"],
                "nodes")
         return 0
     if args.verb == "faults":
         rows = asyncio.run(listing("faults"))
-        _print(rows, args.json, ["fault_id", "node", "kind", "status", "jobs"], "faults")
+        print_rows(rows, args.json, ["fault_id", "node", "kind", "status", "jobs"], "faults")
         return 0
     if args.verb == "health":
-        node = args.node or (_settings().node_name if args.service == "bench-agent" else None)
+        node = args.node or (load_settings().node_name if args.service == "bench-agent" else None)
         try:
             reply = asyncio.run(health(args.service, node))
         except CliError:

@@ -17,8 +17,7 @@ from typing import Any
 
 from rich.console import Console
 
-from cli.client import CliError, connect, lens_query, read_bucket
-from cli.main import submit
+from cli.client import CliError, connect, lens_query, read_bucket, submit
 from libs.bus import Bus
 from libs.embedded import EmbeddedStack
 from libs.sdk import latest_complete_checkpoint
