@@ -133,9 +133,16 @@ def build_parser() -> argparse.ArgumentParser:
     for verb in SERVICE_VERBS:
         s = sub.add_parser(verb, help=f"run the {verb} service")
         if verb == "bootstrap":
+            from cli import bootstrap_verbs
+
             s.add_argument("--hosts", help="hosts.yaml (or PRIMUS_HOSTS_FILE)")
+            bootstrap_verbs.add_arguments(s)
         if verb == "bench-agent":
             s.add_argument("--node", help="this node's name (or PRIMUS_NODE_NAME)")
+        if verb == "failover":
+            s.add_argument("action", nargs="?", choices=["history"],
+                           help="history: every recovery and its timings (else run the service)")
+            s.add_argument("--json", action="store_true")
 
     s = sub.add_parser("submit", help="queue a job; prints its id")
     s.add_argument("file")
@@ -163,7 +170,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def dispatch(args: argparse.Namespace) -> int:
-    if args.verb in SERVICE_VERBS:
+    if args.verb == "bootstrap" and args.action:
+        from cli import bootstrap_verbs
+
+        return bootstrap_verbs.run(args)
+    if args.verb in SERVICE_VERBS and getattr(args, "action", None) is None:
         return run_service_verb(args)
     if args.verb in ("up", "demo"):
         from cli import stack_verbs
@@ -188,9 +199,19 @@ def dispatch(args: argparse.Namespace) -> int:
         print_rows(rows, args.json, ["node", "state", "ip", "gpu_model", "gpus", "rack", "reason"],
                "nodes")
         return 0
-    if args.verb == "faults":
+    if args.verb in ("faults", "failover"):
+        from services.failover.faults import Fault
+
         rows = asyncio.run(listing("faults"))
-        print_rows(rows, args.json, ["fault_id", "node", "kind", "status", "jobs"], "faults")
+        if args.verb == "failover":
+            rows = [{**r, **Fault(**r).timings()} for r in rows
+                    if r["failover"] and r["jobs"]]
+            print_rows(rows, args.json, ["fault_id", "key", "kind", "status", "jobs",
+                                         "detection_s", "cordon_s", "replacement_s",
+                                         "first_step_s"], "recoveries")
+            return 0
+        print_rows(rows, args.json, ["fault_id", "key", "kind", "scope", "status", "jobs",
+                                     "reason"], "faults")
         return 0
     if args.verb == "health":
         node = args.node or (load_settings().node_name if args.service == "bench-agent" else None)

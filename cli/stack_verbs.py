@@ -22,6 +22,7 @@ from libs.bus import Bus
 from libs.embedded import EmbeddedStack
 from libs.sdk import latest_complete_checkpoint
 from libs.settings import Settings
+from services.failover.faults import Fault
 
 console = Console(stderr=True)
 
@@ -158,7 +159,7 @@ async def _demo(stack: EmbeddedStack, job_file: str) -> dict[str, Any]:
 
         async def fault() -> dict[str, Any] | None:
             faults = await read_bucket(bus, "faults", missing_ok=True)
-            return next((f for f in faults if f["node"] == victim), None)
+            return next((f for f in faults if f["key"] == victim), None)
 
         with console.status("waiting for failover to notice"):
             opened = await _poll(fault, "failover to open a fault", 60, every_s=0.1)
@@ -181,6 +182,14 @@ async def _demo(stack: EmbeddedStack, job_file: str) -> dict[str, Any]:
         summary = (await lens_query(bus, "job_summary", job=job))[0]
         nodes = await read_bucket(bus, "nodes")
         events = await lens_query(bus, "event_ids")
+
+        async def recovered() -> dict[str, Any] | None:
+            faults = await read_bucket(bus, "faults", missing_ok=True)
+            fault = next((f for f in faults if f["fault_id"] == opened["fault_id"]), None)
+            return fault if fault and fault["first_step_at"] else None
+
+        fault = await _poll(recovered, "failover to time the recovery", 30)
+        timings = Fault(**fault).timings()
     finally:
         await bus.close()
     return {
@@ -196,6 +205,7 @@ async def _demo(stack: EmbeddedStack, job_file: str) -> dict[str, Any]:
         "loss_first": summary["first_loss"],
         "loss_last": summary["last_loss"],
         "detection_s": round(detection_s, 2),
+        "recovery_s": timings,
         "node_states": {n["spec"]["name"]: n["state"] for n in nodes},
         "events_stored": len(events),
         "telemetry_samples": summary["samples"],
@@ -206,6 +216,7 @@ async def _demo(stack: EmbeddedStack, job_file: str) -> dict[str, Any]:
 
 def _print_summary(s: dict[str, Any]) -> None:
     ok = "[green]completed[/]" if s["job_status"] == "completed" else f"[red]{s['job_status']}[/]"
+    r = s["recovery_s"]
     console.print(
         f"\n[bold]Summary[/]: job {s['job']} {ok} in {s['attempts']} attempt(s).\n"
         f"  ran on {', '.join(s['first_nodes'])}; {s['killed_node']} was killed after the "
@@ -213,6 +224,9 @@ def _print_summary(s: dict[str, Any]) -> None:
         f"  failover opened a fault {s['detection_s']} s after the kill; the job resumed at "
         f"iteration {s['resumed_at_iteration']} on {', '.join(s['final_nodes'])} and reached "
         f"{s['last_iteration']} (loss {s['loss_first']:.3f} -> {s['loss_last']:.3f}).\n"
+        f"  Recovery, from the node's last heartbeat: detected {r['detection_s']} s, "
+        f"cordoned {r['cordon_s']} s, re-placed {r['replacement_s']} s, first training step "
+        f"{r['first_step_s']} s.\n"
         f"  Lens stored {s['telemetry_samples']} job samples and {s['events_stored']} events; "
         f"node states: {s['node_states']}.\n  Total {s['total_s']} s."
     )

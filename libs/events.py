@@ -98,7 +98,10 @@ class NodeRegistered(Event):
     data: NodeRegisteredData
 
 
-NodeStateName = Literal["registered", "preflight", "ready", "quarantined", "cordoned"]
+# Only "ready" is usable; the states after "cordoned" come with bootstrap's
+# provisioning pipeline and node removal (added, optional-compatible).
+NodeStateName = Literal["registered", "preflight", "ready", "quarantined", "cordoned",
+                        "provisioning", "provisioned", "repair", "draining"]
 
 
 class NodeStateData(Frozen):
@@ -113,6 +116,33 @@ class NodeStateChanged(Event):
     type: Literal["node.state"] = "node.state"
     node: str
     data: NodeStateData
+
+
+class NodeProvisionedData(Frozen):
+    ok: bool
+    reason: str = ""
+
+
+class NodeProvisioned(Event):
+    """Kubespray's result for one node (from ``bootstrap apply``)."""
+
+    subject_template = "{root}.node.{node}.provisioned"
+    type: Literal["node.provisioned"] = "node.provisioned"
+    node: str
+    data: NodeProvisionedData
+
+
+class NodeRemovedData(Frozen):
+    reason: str = ""
+
+
+class NodeRemoved(Event):
+    """The node left the hosts file and its jobs were moved away: forget it."""
+
+    subject_template = "{root}.node.{node}.removed"
+    type: Literal["node.removed"] = "node.removed"
+    node: str
+    data: NodeRemovedData
 
 
 class HeartbeatData(Frozen):
@@ -149,6 +179,18 @@ class BenchRendezvous(Frozen):
     purpose: str = Field(default="", description="e.g. 'pair with healthy partner', 'split search'")
 
 
+class BenchSweep(Frozen):
+    """A fleet sweep: nodes measured side by side and judged against each other.
+
+    With ``turn_subject`` the nodes share hardware (several agents on one
+    machine): they take turns, one timed sample at a time, by request-reply
+    on that subject, so every node is measured under the same conditions."""
+
+    session: str
+    nodes: list[str] = Field(min_length=1)
+    turn_subject: str | None = Field(default=None, description="take turns here when set")
+
+
 class BenchRequestData(Frozen):
     level: BenchLevel = "quick"
     reason: str = ""
@@ -157,6 +199,7 @@ class BenchRequestData(Frozen):
     retry_of: str | None = Field(default=None, description="id of the request this one repeats")
     rendezvous: BenchRendezvous | None = Field(
         default=None, description="set: run only the multi-node collective with these nodes")
+    sweep: BenchSweep | None = Field(default=None, description="set: part of a fleet sweep")
 
 
 class BenchRequest(Event):
@@ -205,6 +248,7 @@ class BenchResultData(Frozen):
     checks: list[BenchCheck] = Field(default_factory=list)
     session: str | None = Field(default=None, description="rendezvous session of a multi-node test")
     peers: list[str] = Field(default_factory=list, description="nodes of a multi-node test")
+    sweep: str | None = Field(default=None, description="session of the fleet sweep of this run")
 
 
 class BenchResult(Event):
@@ -354,9 +398,12 @@ class WorkerExited(Event):
 
 class FaultOpenedData(Frozen):
     fault_id: str
-    kind: str = Field(description="e.g. heartbeat_missed, bench_failed, worker_crash")
+    kind: str = Field(description="e.g. heartbeat_missed, bench_failed, worker_infra_exit")
     reason: str
     jobs: list[str] = Field(default_factory=list, description="jobs running on the node")
+    scope: Literal["node", "job"] = Field(
+        default="node", description="node: the envelope's node is faulty; job: only the job")
+    cordon: bool = Field(default=True, description="take the node out of service")
 
 
 class FaultOpened(Event):
@@ -364,6 +411,58 @@ class FaultOpened(Event):
     type: Literal["fault.opened"] = "fault.opened"
     node: str
     data: FaultOpenedData
+
+
+class FaultChangedData(Frozen):
+    fault_id: str
+    kind: str
+    timings: dict[str, float | None] = Field(
+        default_factory=dict,
+        description="seconds from the last healthy sign: detection_s, cordon_s, replacement_s, "
+                    "first_step_s")
+
+
+class FaultMitigated(Event):
+    """The fault's node is out of service (or its job was told to restart)."""
+
+    subject_template = "{root}.fault.{node}.mitigated"
+    type: Literal["fault.mitigated"] = "fault.mitigated"
+    node: str
+    data: FaultChangedData
+
+
+class FaultRecovered(Event):
+    """Every job the fault moved made its first training step again."""
+
+    subject_template = "{root}.fault.{node}.recovered"
+    type: Literal["fault.recovered"] = "fault.recovered"
+    node: str
+    data: FaultChangedData
+
+
+class FaultClosed(Event):
+    """The node passed bench again and is back in service (or the job runs)."""
+
+    subject_template = "{root}.fault.{node}.closed"
+    type: Literal["fault.closed"] = "fault.closed"
+    node: str
+    data: FaultChangedData
+
+
+class JobRecoverData(Frozen):
+    fault_id: str
+    reason: str
+    exclude_nodes: list[str] = Field(default_factory=list)
+
+
+class JobRecover(Event):
+    """Failover asks the scheduler to stop the gang and re-place it first in
+    the queue, from its newest complete checkpoint."""
+
+    subject_template = "{root}.job.{job}.recover"
+    type: Literal["job.recover"] = "job.recover"
+    job: str
+    data: JobRecoverData
 
 
 # --------------------------------------------------------------------------- telemetry
@@ -512,6 +611,8 @@ class LensAlert(Event):
 EVENT_TYPES: tuple[type[Event], ...] = (
     NodeRegistered,
     NodeStateChanged,
+    NodeProvisioned,
+    NodeRemoved,
     NodeHeartbeat,
     BenchRequest,
     BenchResult,
@@ -524,6 +625,10 @@ EVENT_TYPES: tuple[type[Event], ...] = (
     WorkerStarted,
     WorkerExited,
     FaultOpened,
+    FaultMitigated,
+    FaultRecovered,
+    FaultClosed,
+    JobRecover,
     NodeTelemetry,
     JobTelemetry,
     LogRecord,
@@ -533,6 +638,8 @@ EVENT_TYPES: tuple[type[Event], ...] = (
 AnyEvent = Annotated[
     NodeRegistered
     | NodeStateChanged
+    | NodeProvisioned
+    | NodeRemoved
     | NodeHeartbeat
     | BenchRequest
     | BenchResult
@@ -545,6 +652,10 @@ AnyEvent = Annotated[
     | WorkerStarted
     | WorkerExited
     | FaultOpened
+    | FaultMitigated
+    | FaultRecovered
+    | FaultClosed
+    | JobRecover
     | NodeTelemetry
     | JobTelemetry
     | LogRecord
@@ -552,7 +663,9 @@ AnyEvent = Annotated[
     Field(discriminator="type"),
 ]
 
-_ADAPTER: TypeAdapter[Event] = TypeAdapter(AnyEvent)
+# A short title: the default names every member, pushing the actual problem
+# out of the (length-capped) dead-letter reason as event types are added.
+_ADAPTER: TypeAdapter[Event] = TypeAdapter(AnyEvent, config=ConfigDict(title="Event"))
 
 
 def parse_event(payload: bytes | str) -> Event:

@@ -44,6 +44,8 @@ class Settings(BaseSettings):
     driver: Literal["local", "kubernetes"] = Field(
         default="local", description="where workers run: local processes or Kubernetes pods")
     hosts_file: Path | None = Field(default=None, description="bootstrap: the hosts.yaml")
+    failover_rules: Path | None = Field(
+        default=None, description="failover: fault rules and infrastructure exit codes (YAML)")
     scheduler_config: Path | None = Field(
         default=None, description="scheduler: workspaces, priorities, preemption (YAML)")
     settings_file: Path | None = None

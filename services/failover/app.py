@@ -1,30 +1,56 @@
-"""Failover service shell: feeds heartbeats and registrations into the pure
-``HeartbeatMonitor``, checks it on a timer and opens a fault (``fault.opened``)
-for every node that went silent, naming the jobs that ran there."""
+"""Failover service shell: feeds every fault source into the pure
+``FaultBook`` (heartbeats through ``HeartbeatMonitor``, bench verdicts,
+worker exits, Lens alerts, node states) and acts on its decisions: publish
+``fault.opened`` (bootstrap then quarantines the node and the scheduler moves
+its jobs), ``job.recover`` for faults of a job, ``fault.mitigated`` /
+``fault.recovered`` / ``fault.closed`` with the recovery's timings; every
+fault record is kept in the ``faults`` KV bucket."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import time
+from dataclasses import asdict
+from pathlib import Path
 from typing import Any
 
-from libs.bus import CONTROL, Bus
+from nats.js.errors import NoKeysError
+from nats.js.kv import KeyValue
+
+from libs.bus import CONTROL, TELEMETRY, Bus
 from libs.events import (
+    BenchResult,
     Event,
+    FaultChangedData,
+    FaultClosed,
+    FaultMitigated,
     FaultOpened,
     FaultOpenedData,
+    FaultRecovered,
     JobCompleted,
     JobFailed,
     JobPlaced,
+    JobRecover,
+    JobRecoverData,
+    JobTelemetry,
+    LensAlert,
     NodeHeartbeat,
     NodeRegistered,
+    NodeStateChanged,
+    WorkerExited,
 )
 from libs.logs import get_logger
 from libs.settings import Settings
+from libs.specs import load_model
+from services.failover.faults import Decision, FailoverRules, Fault, FaultBook, classify_exit
 from services.failover.rules import HeartbeatMonitor
 
 SOURCE = "failover"
+
+
+def load_rules(path: Path | None) -> FailoverRules:
+    return FailoverRules() if path is None else load_model(path, FailoverRules)
 
 
 class Failover:
@@ -32,70 +58,132 @@ class Failover:
 
     def __init__(self, settings: Settings) -> None:
         self.monitor = HeartbeatMonitor(settings.heartbeat_interval_s, settings.heartbeat_missed)
-        self.placements: dict[str, set[str]] = {}  # job -> nodes
-        self.opened = 0
+        self.book = FaultBook(load_rules(settings.failover_rules))
+        self.placements: dict[str, tuple[int, set[str]]] = {}  # job -> (attempt, nodes)
         self.bus: Bus | None = None
+        self.kv: KeyValue | None = None
         self._task: asyncio.Task[None] | None = None
         self._log = get_logger()
 
     async def start(self, bus: Bus) -> None:
         self.bus = bus
+        self.kv = await bus.kv("faults")
+        try:
+            for key in await self.kv.keys():
+                self.book.faults[key] = Fault(**json.loads((await self.kv.get(key)).value))
+        except NoKeysError:
+            pass
         bus.consume(
             durable="failover",
-            subjects=["safe.node.*.heartbeat", "safe.node.*.registered", "safe.job.*.placed",
-                      "safe.job.*.completed", "safe.job.*.failed"],
-            stream=CONTROL,
-            handler=self._on_event,
-            batch=256,
+            subjects=["safe.node.*.heartbeat", "safe.node.*.registered", "safe.node.*.state",
+                      "safe.job.*.placed", "safe.job.*.completed", "safe.job.*.failed",
+                      "safe.bench.*.result", "safe.worker.*.exited", "safe.lens.alert.>"],
+            stream=CONTROL, handler=self._on_event, batch=256,
         )
+        # Only to time the first training step after a recovery.
+        bus.consume(durable="failover-steps", subjects=["safe.telemetry.job.>"], stream=TELEMETRY,
+                    batch_handler=self._on_steps, batch=1024)
         self._task = asyncio.create_task(self._watch())
 
+    def _jobs_on(self, node: str) -> list[str]:
+        return sorted(j for j, (_, nodes) in self.placements.items() if node in nodes)
+
     async def _on_event(self, event: Event) -> None:
+        now = time.time()
+        decisions: list[Decision] = []
         if isinstance(event, NodeHeartbeat):
             if self.monitor.beat(event.node, event.time.timestamp()):
-                self._log.info("node beats again", node=event.node)
+                decisions = self.book.observe("heartbeat_missed", event.node, bad=False, now=now)
         elif isinstance(event, NodeRegistered):
             # Time a new node from now, not from an old registration replayed.
-            self.monitor.watch(event.node, max(event.time.timestamp(), time.time()))
+            self.monitor.watch(event.node, max(event.time.timestamp(), now))
+        elif isinstance(event, NodeStateChanged):
+            decisions = self.book.node_state(event.node, event.data.state, now)
         elif isinstance(event, JobPlaced):
-            self.placements[event.job] = {w.node for w in event.data.workers}
+            self.placements[event.job] = (event.data.attempt,
+                                          {w.node for w in event.data.workers})
+            self.book.job_placed(event.job, event.data.attempt, now)
         elif isinstance(event, JobCompleted | JobFailed):
             self.placements.pop(event.job, None)
+        elif isinstance(event, BenchResult):
+            decisions = self.book.observe("bench_failed", event.node, bad=not event.data.passed,
+                                          now=now, reason=event.data.reason,
+                                          jobs=self._jobs_on(event.node))
+        elif isinstance(event, WorkerExited):
+            kind = classify_exit(event.data.exit_code, self.book.rules.infra_exit_codes)
+            if kind != "user":
+                decisions = self.book.observe(
+                    "worker_infra_exit", event.node, bad=kind == "infra", now=now,
+                    reason=f"{event.job} rank {event.data.rank} exited {event.data.exit_code}",
+                    jobs=self._jobs_on(event.node))
+        elif isinstance(event, LensAlert):
+            key = event.job or event.node
+            if key:
+                decisions = self.book.observe(
+                    f"alert:{event.data.rule}", key, bad=event.data.state == "open", now=now,
+                    reason=event.data.message or event.data.rule,
+                    jobs=[event.job] if event.job else self._jobs_on(key),
+                    last_good=event.data.opened_at.timestamp())
+        await self._act(decisions)
+
+    async def _on_steps(self, batch: list[tuple[Event, int]]) -> None:
+        now = time.time()
+        decisions = []
+        for event, _ in batch:
+            if isinstance(event, JobTelemetry) and event.job and event.data.checkpoint_path is None:
+                decisions += self.book.job_stepped(event.job, event.data.attempt, now)
+        await self._act(decisions)
 
     async def _watch(self) -> None:
-        assert self.bus is not None
         period = min(0.5, self.monitor.interval_s / 2)
         while True:
             await asyncio.sleep(period)
             for missed in self.monitor.check(time.time()):
-                jobs = sorted(j for j, nodes in self.placements.items() if missed.node in nodes)
-                fault_id = f"hb-{missed.node}-{int(missed.last_seen * 1000)}"
-                await self.bus.publish(FaultOpened(
-                    id=fault_id, source=SOURCE, node=missed.node,
-                    data=FaultOpenedData(
-                        fault_id=fault_id, kind="heartbeat_missed", jobs=jobs,
-                        reason=f"no heartbeat for {missed.overdue_s:.1f} s "
-                               f"(limit {self.monitor.deadline_s:.1f} s)",
-                    ),
-                ))
-                await self._record(fault_id, {
-                    "fault_id": fault_id, "node": missed.node, "kind": "heartbeat_missed",
-                    "status": "opened", "jobs": jobs, "opened_at": time.time(),
-                    "last_seen": missed.last_seen,
-                })
-                self.opened += 1
-                self._log.warning("fault opened", node=missed.node, kind="heartbeat_missed",
-                                  jobs=jobs)
+                await self._act(self.book.observe(
+                    "heartbeat_missed", missed.node, bad=True, now=time.time(),
+                    reason=f"no heartbeat for {missed.overdue_s:.1f} s "
+                           f"(limit {self.monitor.deadline_s:.1f} s)",
+                    jobs=self._jobs_on(missed.node), last_good=missed.last_seen))
 
-    async def _record(self, fault_id: str, record: dict[str, Any]) -> None:
+    async def _act(self, decisions: list[Decision]) -> None:
         assert self.bus is not None
-        kv = await self.bus.kv("faults")
-        await kv.put(fault_id, json.dumps(record).encode())
+        for d in decisions:
+            f = d.fault
+            node = f.key
+            changed = FaultChangedData(fault_id=f.fault_id, kind=f.kind, timings=f.timings())
+            if d.action == "open":
+                await self.bus.publish(FaultOpened(
+                    id=f.fault_id, source=SOURCE, node=node, data=FaultOpenedData(
+                        fault_id=f.fault_id, kind=f.kind, reason=f.reason, jobs=f.jobs,
+                        scope=f.scope, cordon=f.scope == "node" and f.failover)))
+                self._log.warning("fault opened", fault=f.fault_id, key=node, kind=f.kind,
+                                  jobs=f.jobs)
+            elif d.action == "restart_job":
+                await self.bus.publish(JobRecover(
+                    id=f"{f.fault_id}-recover", source=SOURCE, job=f.key,
+                    data=JobRecoverData(fault_id=f.fault_id, reason=f"{f.kind}: {f.reason}")))
+            elif d.action == "mitigate":
+                await self.bus.publish(FaultMitigated(id=f"{f.fault_id}-mitigated", source=SOURCE,
+                                                      node=node, data=changed))
+            elif d.action == "recovered":
+                await self.bus.publish(FaultRecovered(id=f"{f.fault_id}-recovered",
+                                                      source=SOURCE, node=node, data=changed))
+                self._log.info("recovered", fault=f.fault_id, **{k: v for k, v in
+                                                                 f.timings().items()})
+            elif d.action == "close":
+                await self.bus.publish(FaultClosed(id=f"{f.fault_id}-closed", source=SOURCE,
+                                                   node=node, data=changed))
+            await self._record(f)
+
+    async def _record(self, fault: Fault) -> None:
+        assert self.kv is not None
+        await self.kv.put(fault.fault_id, json.dumps(asdict(fault)).encode())
 
     async def stop(self) -> None:
         if self._task is not None:
             self._task.cancel()
 
     def health(self) -> dict[str, Any]:
+        open_faults = [f.fault_id for f in self.book.faults.values() if f.status != "closed"]
         return {"watched_nodes": len(self.monitor.last_seen), "down": sorted(self.monitor.down),
-                "faults_opened": self.opened}
+                "faults_open": open_faults}

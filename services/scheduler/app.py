@@ -38,6 +38,7 @@ from libs.events import (
     JobPlacedData,
     JobPreempted,
     JobPreemptedData,
+    JobRecover,
     JobSubmitted,
     NodeRegistered,
     NodeStateChanged,
@@ -55,6 +56,7 @@ from services.scheduler.view import snapshot as build_snapshot
 SOURCE = "scheduler"
 # A gang told to stop that has not reported every exit by then is taken as stopped.
 STOP_TIMEOUT_EXTRA_S = 60.0
+EVACUATION_GRACE_S = 3.0
 
 
 class Scheduler:
@@ -88,7 +90,7 @@ class Scheduler:
         bus.consume(
             durable="scheduler",
             subjects=["safe.node.*.registered", "safe.node.*.state", "safe.job.*.submitted",
-                      "safe.worker.*.exited"],
+                      "safe.job.*.recover", "safe.worker.*.exited"],
             stream=CONTROL,
             handler=self._on_event,
         )
@@ -147,6 +149,16 @@ class Scheduler:
                 await self._save(job)
         elif isinstance(event, WorkerExited):
             await self._on_exit(event)
+        elif isinstance(event, JobRecover):
+            job = self.state.jobs.get(event.job)
+            if job is not None and job.status == "running":
+                job.retries += 1
+                job.recovering = True
+                job.exclude_nodes = sorted({*job.exclude_nodes, *event.data.exclude_nodes})
+                job.prefer_nodes = sorted({s.node for s in job.slots} - set(job.exclude_nodes))
+                after: AfterStop = "fail" if job.retries > job.spec.max_retry else "requeue"
+                await self._stop_gang(job, after, f"failover: {event.data.reason}",
+                                      backoff=False)
 
     async def _on_exit(self, event: WorkerExited) -> None:
         job = self.state.jobs.get(event.job)
@@ -184,7 +196,10 @@ class Scheduler:
             job.exclude_nodes = sorted({*job.exclude_nodes, node})
             job.prefer_nodes = sorted({s.node for s in job.slots} - {node})
             after: AfterStop = "fail" if job.retries > job.spec.max_retry else "requeue"
-            await self._stop_gang(job, after, f"node {node} left service: {reason}", backoff=False)
+            # The gang is broken: its survivors are stuck in collectives with a
+            # dead peer, so a short grace before the hard stop.
+            await self._stop_gang(job, after, f"node {node} left service: {reason}",
+                                  backoff=False, grace_s=EVACUATION_GRACE_S)
 
     async def _stop_gang(self, job: JobRecord, after: AfterStop, reason: str, *,
                          backoff: bool = True, grace_s: float = 10.0) -> None:

@@ -157,4 +157,7 @@ def test_demo_recovers_from_a_killed_node(tmp_path: Path) -> None:
     assert summary["resumed_at_iteration"] == summary["checkpoint_iteration"] + 1
     assert summary["node_states"][summary["killed_node"]] == "quarantined"
     assert summary["detection_s"] < 10
+    recovery = summary["recovery_s"]  # failover timed every phase, in order
+    assert 0 < recovery["detection_s"] <= recovery["cordon_s"] <= recovery["replacement_s"] \
+        <= recovery["first_step_s"]
     assert summary["clean_shutdown"] is True

@@ -1,0 +1,174 @@
+"""Fault rules and fault records (pure: no I/O, the clock is passed in).
+
+Observations come from every fault source — missed heartbeats, failing
+health probes, bench verdicts, Lens alerts, worker exit codes, Kubernetes
+node conditions — as (kind, key, bad?) facts. Rules from configuration say,
+per kind, how many bad observations in a row open a fault, whether it is
+about a node (quarantine it, move its jobs) or a job (restart it from its
+checkpoint), and whether failover acts at all. ``FaultBook`` turns facts
+into decisions and keeps each fault's life: opened -> mitigated (the node is
+out of service, or the job was told to restart) -> closed (the node passed
+bench again, or the job runs again), with the times that make up a
+recovery: detection, cordon, re-placement and first training step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from pydantic import Field
+
+from libs.events import Frozen
+
+Scope = Literal["node", "job"]
+Status = Literal["opened", "mitigated", "closed"]
+
+
+class FaultRule(Frozen):
+    kind: str = Field(description="heartbeat_missed, probe_failed, bench_failed, "
+                                  "worker_infra_exit, node_condition, or alert:<lens rule>")
+    scope: Scope = "node"
+    consecutive: int = Field(default=1, ge=1, description="bad observations in a row to open")
+    failover: bool = Field(default=True, description="act (quarantine / restart) or only record")
+
+
+class FailoverRules(Frozen):
+    rules: list[FaultRule] = Field(default_factory=lambda: list(DEFAULT_RULES))
+    # Exit codes that point at the machine rather than the job's code: bus
+    # errors (memory hardware) and aborts (HIP/RCCL abort on device errors),
+    # as a signal (negative) or 128+signal from a shell. Kills (-9, 137) are
+    # not counted: the platform's own hard stops look the same, and a dead
+    # node is caught by its heartbeats.
+    infra_exit_codes: list[int] = Field(default_factory=lambda: [-7, 135, -6, 134])
+
+    def rule(self, kind: str) -> FaultRule | None:
+        return next((r for r in self.rules if r.kind == kind), None)
+
+
+DEFAULT_RULES: tuple[FaultRule, ...] = (
+    FaultRule(kind="heartbeat_missed"),
+    FaultRule(kind="probe_failed", consecutive=3),
+    FaultRule(kind="bench_failed"),
+    FaultRule(kind="worker_infra_exit", consecutive=2),
+    FaultRule(kind="node_condition"),
+    FaultRule(kind="alert:job_hang", scope="job"),
+    FaultRule(kind="alert:loss_nonfinite", scope="job"),
+    FaultRule(kind="alert:throughput_low", scope="job", failover=False),
+    FaultRule(kind="alert:gpu_temp_high", failover=False),
+)
+
+
+def classify_exit(code: int, infra_codes: list[int]) -> Literal["ok", "infra", "user"]:
+    """A worker's exit: clean, killed by the infrastructure, or the job's own error."""
+    if code == 0:
+        return "ok"
+    return "infra" if code in infra_codes else "user"
+
+
+@dataclass
+class Fault:
+    fault_id: str
+    kind: str
+    scope: Scope
+    key: str  # the node or the job
+    reason: str
+    jobs: list[str]
+    failover: bool
+    last_good: float  # when the key was last seen healthy (detection starts there)
+    opened_at: float
+    status: Status = "opened"
+    mitigated_at: float | None = None
+    closed_at: float | None = None
+    replaced_at: dict[str, float] = field(default_factory=dict)  # job -> re-placement
+    replaced_attempt: dict[str, int] = field(default_factory=dict)
+    first_step_at: dict[str, float] = field(default_factory=dict)  # job -> first new step
+
+    def timings(self) -> dict[str, float | None]:
+        """Seconds from the last healthy sign: detection, cordon, re-placement, first step."""
+        def since(t: float | None) -> float | None:
+            return None if t is None else round(t - self.last_good, 3)
+
+        return {
+            "detection_s": since(self.opened_at),
+            "cordon_s": since(self.mitigated_at),
+            "replacement_s": since(min(self.replaced_at.values(), default=None)),
+            "first_step_s": since(max(self.first_step_at.values(), default=None)
+                                  if len(self.first_step_at) == len(self.jobs) else None),
+        }
+
+
+@dataclass(frozen=True)
+class Decision:
+    action: Literal["open", "mitigate", "close", "restart_job", "recovered"]
+    fault: Fault
+
+
+@dataclass
+class FaultBook:
+    rules: FailoverRules
+    streaks: dict[tuple[str, str], int] = field(default_factory=dict)
+    faults: dict[str, Fault] = field(default_factory=dict)
+
+    def active(self, kind: str, key: str) -> Fault | None:
+        return next((f for f in self.faults.values()
+                     if f.kind == kind and f.key == key and f.status != "closed"), None)
+
+    def observe(self, kind: str, key: str, *, bad: bool, now: float, reason: str = "",
+                jobs: list[str] | None = None, last_good: float | None = None) -> list[Decision]:
+        """One observation; a fault opens when the rule's streak is reached."""
+        rule = self.rules.rule(kind)
+        if rule is None:
+            return []
+        if not bad:
+            self.streaks.pop((kind, key), None)
+            return []
+        streak = self.streaks[(kind, key)] = self.streaks.get((kind, key), 0) + 1
+        if streak < rule.consecutive or self.active(kind, key) is not None:
+            return []
+        jobs = sorted(jobs or ([key] if rule.scope == "job" else []))
+        fault = Fault(fault_id=f"{kind.replace(':', '-')}-{key}-{int(now * 1000)}", kind=kind,
+                      scope=rule.scope, key=key, reason=reason, jobs=jobs, failover=rule.failover,
+                      last_good=now if last_good is None else last_good, opened_at=now)
+        self.faults[fault.fault_id] = fault
+        decisions = [Decision("open", fault)]
+        if rule.scope == "job" and rule.failover:
+            fault.status, fault.mitigated_at = "mitigated", now
+            decisions.append(Decision("restart_job", fault))
+        return decisions
+
+    def node_state(self, node: str, state: str, now: float) -> list[Decision]:
+        """Bootstrap moved a node: out of service mitigates its faults; back
+        to ready (it passed bench again) closes them."""
+        out = []
+        for fault in self.faults.values():
+            if fault.scope != "node" or fault.key != node or fault.status == "closed":
+                continue
+            if state != "ready" and fault.status == "opened":
+                fault.status, fault.mitigated_at = "mitigated", now
+                out.append(Decision("mitigate", fault))
+            elif state == "ready":
+                fault.status, fault.closed_at = "closed", now
+                out.append(Decision("close", fault))
+        return out
+
+    def job_placed(self, job: str, attempt: int, now: float) -> None:
+        """A job a fault moved was placed again (its first placement after)."""
+        for fault in self.faults.values():
+            if job in fault.jobs and fault.failover and job not in fault.replaced_at \
+                    and now >= fault.opened_at:
+                fault.replaced_at[job], fault.replaced_attempt[job] = now, attempt
+
+    def job_stepped(self, job: str, attempt: int, now: float) -> list[Decision]:
+        """A training step of ``job``; the first one of its new attempt ends
+        the recovery of every fault that moved it."""
+        out = []
+        for fault in self.faults.values():
+            if job in fault.first_step_at or attempt < fault.replaced_attempt.get(job, 1 << 30):
+                continue
+            fault.first_step_at[job] = now
+            if len(fault.first_step_at) == len(fault.jobs):
+                if fault.scope == "job":
+                    fault.status, fault.closed_at = "closed", now
+                out.append(Decision("recovered", fault))
+        return out

@@ -1,0 +1,65 @@
+"""Failover's fault rules and fault lifecycle, as scenarios."""
+
+from __future__ import annotations
+
+from services.failover.faults import FailoverRules, FaultBook, FaultRule, classify_exit
+
+
+def book(*rules: FaultRule) -> FaultBook:
+    return FaultBook(FailoverRules(rules=list(rules)) if rules else FailoverRules())
+
+
+def test_a_node_fault_opens_is_mitigated_recovers_and_closes() -> None:
+    b = book()
+    [opened] = b.observe("heartbeat_missed", "n2", bad=True, now=13.0, last_good=10.0,
+                         jobs=["j1"], reason="no heartbeat")
+    assert opened.action == "open" and opened.fault.jobs == ["j1"]
+    assert b.observe("heartbeat_missed", "n2", bad=True, now=14.0) == []  # one per outage
+    [mitigated] = b.node_state("n2", "quarantined", now=13.2)
+    assert mitigated.action == "mitigate"
+    b.job_placed("j1", attempt=2, now=13.5)
+    assert b.job_stepped("j1", attempt=1, now=13.6) == []  # a late step of the old attempt
+    [recovered] = b.job_stepped("j1", attempt=2, now=20.0)
+    assert recovered.action == "recovered"
+    assert recovered.fault.timings() == {"detection_s": 3.0, "cordon_s": 3.2,
+                                         "replacement_s": 3.5, "first_step_s": 10.0}
+    [closed] = b.node_state("n2", "ready", now=60.0)  # it passed bench again
+    assert closed.action == "close" and closed.fault.status == "closed"
+    assert b.observe("heartbeat_missed", "n2", bad=True, now=70.0)[0].action == "open"
+
+
+def test_consecutive_count_and_a_good_observation_resets_the_streak() -> None:
+    b = book(FaultRule(kind="probe_failed", consecutive=3))
+    assert b.observe("probe_failed", "n1", bad=True, now=1) == []
+    assert b.observe("probe_failed", "n1", bad=True, now=2) == []
+    assert b.observe("probe_failed", "n1", bad=False, now=3) == []
+    assert b.observe("probe_failed", "n1", bad=True, now=4) == []
+    assert b.observe("probe_failed", "n1", bad=True, now=5) == []
+    assert [d.action for d in b.observe("probe_failed", "n1", bad=True, now=6)] == ["open"]
+
+
+def test_a_job_fault_restarts_the_job_without_touching_nodes() -> None:
+    b = book()
+    decisions = b.observe("alert:loss_nonfinite", "j9", bad=True, now=5.0, last_good=4.0)
+    assert [d.action for d in decisions] == ["open", "restart_job"]
+    fault = decisions[0].fault
+    assert fault.scope == "job" and fault.jobs == ["j9"] and fault.status == "mitigated"
+    assert b.node_state("j9", "quarantined", now=6) == []
+    b.job_placed("j9", attempt=3, now=7.0)
+    [done] = b.job_stepped("j9", attempt=3, now=9.0)
+    assert done.fault.status == "closed" and done.fault.timings()["first_step_s"] == 5.0
+
+
+def test_unknown_kinds_and_record_only_rules() -> None:
+    b = book()
+    assert b.observe("cosmic_rays", "n1", bad=True, now=1) == []
+    [opened] = b.observe("alert:gpu_temp_high", "n1", bad=True, now=1)
+    assert opened.fault.failover is False  # recorded; nothing moves
+
+
+def test_exit_codes_are_classified() -> None:
+    infra = FailoverRules().infra_exit_codes
+    assert classify_exit(0, infra) == "ok"
+    assert classify_exit(-7, infra) == "infra" and classify_exit(134, infra) == "infra"
+    assert classify_exit(1, infra) == "user" and classify_exit(-15, infra) == "user"
+    assert classify_exit(-9, infra) == "user"  # a hard stop of the platform's own
