@@ -189,6 +189,17 @@ class Scheduler:
         """A node left service: stop its gangs and re-place them elsewhere,
         first in the queue, preferring their healthy original nodes."""
         for job in list(self.state.jobs.values()):
+            if job.status in ("terminating", "pending") and node in job.last_nodes + [
+                    s.node for s in job.slots]:
+                # Its attempt already failed (a rank saw the peer die before
+                # failover did): the cause is known now, so no back-off and
+                # first in the queue, away from the node.
+                was = job.last_nodes + [s.node for s in job.slots]
+                job.recovering, job.not_before = True, 0.0
+                job.exclude_nodes = sorted({*job.exclude_nodes, node})
+                job.prefer_nodes = sorted(set(was) - {node})
+                await self._save(job)
+                continue
             if job.status != "running" or all(s.node != node for s in job.slots):
                 continue
             job.retries += 1
@@ -224,6 +235,7 @@ class Scheduler:
 
     async def _finish_stop(self, job: JobRecord) -> None:
         after = job.after_stop
+        job.last_nodes = [s.node for s in job.slots]
         job.slots, job.exits, job.started_at = [], {}, None
         job.after_stop, job.stop_requested_at = None, None
         if after == "fail":

@@ -52,6 +52,7 @@ class JobRecord:
     preempted: bool = False
     exclude_nodes: list[str] = field(default_factory=list)
     prefer_nodes: list[str] = field(default_factory=list)
+    last_nodes: list[str] = field(default_factory=list)  # where the last attempt ran
     after_stop: AfterStop | None = None
     stop_requested_at: float | None = None
     reason: str = ""
