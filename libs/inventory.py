@@ -1,29 +1,43 @@
-"""The hosts file: which machines exist and what they hold. Bootstrap owns it;
-the embedded stack writes one for its local nodes."""
+"""The hosts file: which machines exist, what they hold, and (when the platform
+is to build the cluster itself) how Kubernetes should be laid out on them.
+
+Bootstrap owns it; the embedded stack writes one for its local nodes. Every
+problem in a file is reported at once, each at its own path, so an operator
+fixes a 1,000-line file in one pass instead of one error per run. Checks that
+only matter for building a cluster (a control plane, an odd etcd quorum,
+non-overlapping CIDRs) apply when ``provision: true`` or a ``kubernetes``
+section is present: the embedded stack's worker-only files stay valid.
+"""
 
 from __future__ import annotations
 
 import ipaddress
-from collections import Counter
-from typing import Literal
+import json
+from collections import defaultdict
+from typing import Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from libs.events import Frozen, check_key
 
 # GPU models the platform knows how to judge; "cpu" is a local node with no GPU.
 KNOWN_GPU_MODELS = ("MI300X", "MI325X", "MI250X", "MI210", "H100", "H200", "A100", "cpu")
 
+Role = Literal["control-plane", "etcd", "worker"]
+
 
 class HostSpec(Frozen):
     name: str
     ip: str
-    roles: list[Literal["control-plane", "etcd", "worker"]] = Field(
-        default_factory=lambda: ["worker"])
-    labels: dict[str, str] = Field(default_factory=dict)
+    roles: list[Role] = Field(default_factory=lambda: ["worker"])
+    labels: dict[str, str] = Field(default_factory=dict, description="e.g. rack, switch")
     gpu_model: str
     gpu_count: int = Field(ge=0, le=64)
     ssh_user: str | None = None
+    ssh_key: str | None = Field(
+        default=None, description="reference to the SSH private key: a path on the "
+        "bootstrap host or a secret name; never the key itself")
 
     @field_validator("name")
     @classmethod
@@ -48,19 +62,106 @@ class HostSpec(Frozen):
         return value
 
 
+class KubernetesSettings(Frozen):
+    """What Kubespray needs to lay the cluster out; defaults are Kubespray's."""
+
+    version: str = Field(default="v1.30.4", pattern=r"^v\d+\.\d+\.\d+$")
+    pod_cidr: str = "10.233.64.0/18"
+    service_cidr: str = "10.233.0.0/18"
+    container_runtime: Literal["containerd", "crio", "docker"] = "containerd"
+    network_plugin: Literal["calico", "cilium", "flannel", "kube-ovn"] = "calico"
+
+    @field_validator("pod_cidr", "service_cidr")
+    @classmethod
+    def _cidr(cls, value: str) -> str:
+        try:
+            ipaddress.ip_network(value)
+        except ValueError:
+            raise ValueError(f"{value!r} is not a network (write e.g. 10.233.64.0/18)") from None
+        return value
+
+
 class HostsFile(Frozen):
     cluster: str = "local"
+    provision: bool = Field(
+        default=False, description="build Kubernetes on these nodes with Kubespray")
+    kubernetes: KubernetesSettings | None = None
     nodes: list[HostSpec] = Field(min_length=1)
 
+    @field_validator("cluster")
+    @classmethod
+    def _cluster(cls, value: str) -> str:
+        return check_key(value, "cluster name")
+
+    @property
+    def provisioned(self) -> bool:
+        """Whether this file describes a cluster the platform builds itself."""
+        return self.provision or self.kubernetes is not None
+
+    @property
+    def k8s(self) -> KubernetesSettings:
+        return self.kubernetes or KubernetesSettings()
+
     @model_validator(mode="after")
-    def _unique(self) -> HostsFile:
-        for attr in ("name", "ip"):
-            counts = Counter(getattr(n, attr) for n in self.nodes)
-            dupes = sorted(v for v, c in counts.items() if c > 1)
-            if dupes:
-                raise ValueError(
-                    f"duplicate node {attr}(s): {', '.join(dupes)}; each must be unique")
+    def _consistent(self) -> HostsFile:
+        found = problems(self)
+        if found:
+            raise ValidationError.from_exception_data("HostsFile", [
+                InitErrorDetails(type=PydanticCustomError("hosts", message),
+                                 loc=loc, input=None)
+                for loc, message in found])
         return self
+
+
+Problem = tuple[tuple[str | int, ...], str]
+
+
+def problems(hosts: HostsFile) -> list[Problem]:
+    """Every cross-field problem, each at its path (pure; the order is the file's)."""
+    out: list[Problem] = []
+    for attr in ("name", "ip"):
+        seen: dict[str, list[int]] = defaultdict(list)
+        for i, node in enumerate(hosts.nodes):
+            seen[getattr(node, attr)].append(i)
+        for value, where in seen.items():
+            for i in where[1:]:
+                out.append((("nodes", i, attr),
+                            f"duplicate node {attr} {value!r} (also nodes.{where[0]}); "
+                            "each must be unique"))
+    if not hosts.provisioned:
+        return out
+    why = "required because the file asks for provisioning (provision: true or kubernetes:)"
+    control = [n for n in hosts.nodes if "control-plane" in n.roles]
+    etcd = [n for n in hosts.nodes if "etcd" in n.roles]
+    if not control:
+        out.append((("nodes",), f"no node has the role control-plane; {why}"))
+    if not etcd or len(etcd) % 2 == 0:
+        out.append((("nodes",), f"{len(etcd)} etcd member(s): etcd needs an odd number "
+                    f"(1, 3 or 5) to keep quorum; {why}"))
+    k8s = hosts.k8s
+    pods, services = ipaddress.ip_network(k8s.pod_cidr), ipaddress.ip_network(k8s.service_cidr)
+    if pods.version == services.version and pods.overlaps(services):  # type: ignore[arg-type]
+        out.append((("kubernetes", "service_cidr"),
+                    f"{k8s.service_cidr} overlaps pod_cidr {k8s.pod_cidr}; pick disjoint ranges"))
+    for i, node in enumerate(hosts.nodes):
+        ip = ipaddress.ip_address(node.ip)
+        for label, net in (("pod_cidr", pods), ("service_cidr", services)):
+            if ip.version == net.version and ip in net:
+                out.append((("nodes", i, "ip"),
+                            f"{node.ip} lies inside {label} {net}; move the range or the node"))
+    return out
+
+
+def hosts_json_schema() -> dict[str, Any]:
+    """The hosts file's JSON Schema, for editors and other tools."""
+    schema = HostsFile.model_json_schema()
+    schema["$id"] = "https://primus-safe.dev/proto/hosts.schema.json"
+    schema["title"] = "Primus-SaFE hosts file"
+    return schema
+
+
+def render_hosts_schema() -> str:
+    return json.dumps(hosts_json_schema(), indent=2, sort_keys=True) + "\n"
 
 
 def local_hosts(count: int, *, gpus_per_node: int = 1) -> HostsFile:

@@ -81,7 +81,15 @@ class Bootstrap:
             await self.apply(self.hosts)
         bus.consume(
             durable="bootstrap",
-            subjects=["safe.bench.*.result", "safe.fault.*.opened", "safe.node.*.provisioned"],
+            subjects=["safe.bench.*.result", "safe.fault.*.opened"],
+            stream=CONTROL,
+            handler=self._on_event,
+        )
+        # Its own durable: an existing "bootstrap" consumer keeps its filter on
+        # upgrade (the bus leaves consumers as they are), so it would never see these.
+        bus.consume(
+            durable="bootstrap-provisioned",
+            subjects=["safe.node.*.provisioned"],
             stream=CONTROL,
             handler=self._on_event,
         )

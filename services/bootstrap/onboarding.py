@@ -1,9 +1,12 @@
-"""The node onboarding state machine (pure).
+"""The node onboarding state machine (pure: no I/O, no clock).
 
-registered → preflight → ready | quarantined; a fault sends a node to
-quarantined; a quarantined node that passes bench again is ready. Only
-``ready`` nodes may run jobs: bootstrap publishes each transition as
-``node.state`` and the scheduler obeys it.
+A node the platform builds goes registered → provisioning → provisioned →
+preflight → ready | quarantined; a quarantined node goes to repair and back
+through preflight. In the embedded stack (nothing to provision) a node goes
+registered → preflight → ready. A node leaving the hosts file is drained
+(its jobs moved away) before it is removed. Only ``ready`` nodes may run
+jobs: bootstrap publishes each transition as ``node.state`` and the scheduler
+obeys it (any other state is not usable).
 """
 
 from __future__ import annotations
@@ -11,20 +14,41 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-State = Literal["registered", "preflight", "ready", "quarantined"]
-Trigger = Literal["bench_requested", "bench_passed", "bench_failed", "fault_opened"]
+State = Literal["registered", "provisioning", "provisioned", "preflight", "ready",
+                "quarantined", "repair", "draining"]
+Trigger = Literal["provision_started", "provision_succeeded", "provision_failed",
+                  "bench_requested", "bench_passed", "bench_failed", "fault_opened",
+                  "repair_started", "drain_requested"]
 
 _NEXT: dict[tuple[State, Trigger], State] = {
+    # provisioning (only for clusters the platform builds)
+    ("registered", "provision_started"): "provisioning",
+    ("quarantined", "provision_started"): "provisioning",
+    ("repair", "provision_started"): "provisioning",
+    ("provisioning", "provision_succeeded"): "provisioned",
+    ("provisioning", "provision_failed"): "quarantined",
+    # preflight
     ("registered", "bench_requested"): "preflight",
+    ("provisioned", "bench_requested"): "preflight",
     ("ready", "bench_requested"): "preflight",
-    ("quarantined", "bench_requested"): "quarantined",
+    ("repair", "bench_requested"): "preflight",
     ("preflight", "bench_passed"): "ready",
     ("preflight", "bench_failed"): "quarantined",
+    # a quarantined node that passes bench again (failover's re-check) returns
     ("quarantined", "bench_passed"): "ready",
     ("ready", "bench_failed"): "quarantined",
+    # faults
     ("registered", "fault_opened"): "quarantined",
+    ("provisioned", "fault_opened"): "quarantined",
     ("preflight", "fault_opened"): "quarantined",
     ("ready", "fault_opened"): "quarantined",
+    ("repair", "fault_opened"): "quarantined",
+    # repair
+    ("quarantined", "repair_started"): "repair",
+    # removal: any state drains first
+    **{(s, "drain_requested"): "draining" for s in (
+        "registered", "provisioning", "provisioned", "preflight", "ready", "quarantined",
+        "repair")},  # type: ignore[dict-item]
 }
 
 
@@ -40,3 +64,14 @@ def step(current: State, trigger: Trigger, reason: str = "") -> Transition | Non
     if nxt is None or nxt == current:
         return None
     return Transition(nxt, reason or trigger.replace("_", " "))
+
+
+def run(start: State, triggers: list[Trigger]) -> list[State]:
+    """The states a node passes through for a sequence of triggers (for
+    scenario tests and ``plan`` explanations); ignored triggers add nothing."""
+    states: list[State] = [start]
+    for trigger in triggers:
+        moved = step(states[-1], trigger)
+        if moved is not None:
+            states.append(moved.state)
+    return states

@@ -56,7 +56,9 @@ from services.scheduler.view import snapshot as build_snapshot
 SOURCE = "scheduler"
 # A gang told to stop that has not reported every exit by then is taken as stopped.
 STOP_TIMEOUT_EXTRA_S = 60.0
-EVACUATION_GRACE_S = 3.0
+# A gang that lost a rank is broken: its survivors wait in collectives for
+# a dead peer and cannot checkpoint, so they get only a short grace.
+BROKEN_GANG_GRACE_S = 3.0
 
 
 class Scheduler:
@@ -170,7 +172,8 @@ class Scheduler:
                 job.retries += 1
                 after: AfterStop = "fail" if job.retries > job.spec.max_retry else "requeue"
                 await self._stop_gang(job, after, f"rank {event.data.rank} on {event.node} "
-                                                  f"exited with code {event.data.exit_code}")
+                                                  f"exited with code {event.data.exit_code}",
+                                      grace_s=BROKEN_GANG_GRACE_S)
             elif len(job.exits) == len(job.slots):
                 job.status, job.reason = "completed", ""
                 await self._save(job)
@@ -199,6 +202,8 @@ class Scheduler:
                 job.exclude_nodes = sorted({*job.exclude_nodes, node})
                 job.prefer_nodes = sorted(set(was) - {node})
                 await self._save(job)
+                if job.status == "terminating":  # no use waiting for the broken gang
+                    self._background(self.driver.stop(job.id, grace_s=0))
                 continue
             if job.status != "running" or all(s.node != node for s in job.slots):
                 continue
@@ -207,10 +212,8 @@ class Scheduler:
             job.exclude_nodes = sorted({*job.exclude_nodes, node})
             job.prefer_nodes = sorted({s.node for s in job.slots} - {node})
             after: AfterStop = "fail" if job.retries > job.spec.max_retry else "requeue"
-            # The gang is broken: its survivors are stuck in collectives with a
-            # dead peer, so a short grace before the hard stop.
             await self._stop_gang(job, after, f"node {node} left service: {reason}",
-                                  backoff=False, grace_s=EVACUATION_GRACE_S)
+                                  backoff=False, grace_s=BROKEN_GANG_GRACE_S)
 
     async def _stop_gang(self, job: JobRecord, after: AfterStop, reason: str, *,
                          backoff: bool = True, grace_s: float = 10.0) -> None:

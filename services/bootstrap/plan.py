@@ -1,0 +1,120 @@
+"""What applying a hosts file would change (pure).
+
+Re-applying an edited file must touch only what differs: new nodes are
+registered, changed nodes re-registered (and re-proven), removed nodes
+drained then removed, and only the rendered files whose text changed are
+rewritten. ``plan`` prints this; ``apply`` and the service act on it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from libs.inventory import HostsFile, HostSpec
+
+NodeAction = Literal["add", "update", "remove"]
+FileAction = Literal["create", "update", "delete"]
+
+
+@dataclass(frozen=True)
+class NodeChange:
+    node: str
+    action: NodeAction
+    fields: tuple[str, ...] = ()  # for updates: which fields differ
+
+
+@dataclass(frozen=True)
+class FileChange:
+    path: str
+    action: FileAction
+
+
+@dataclass(frozen=True)
+class Plan:
+    nodes: tuple[NodeChange, ...] = ()
+    files: tuple[FileChange, ...] = ()
+    cluster: dict[str, tuple[Any, Any]] = field(default_factory=dict)  # setting: (old, new)
+
+    @property
+    def empty(self) -> bool:
+        return not (self.nodes or self.files or self.cluster)
+
+    def removed(self) -> list[str]:
+        return [c.node for c in self.nodes if c.action == "remove"]
+
+
+def diff_nodes(old: dict[str, HostSpec], new: HostsFile) -> list[NodeChange]:
+    """Node changes from the recorded hosts to the new file, in file order,
+    removals last (they wait for a drain)."""
+    out: list[NodeChange] = []
+    wanted = {h.name: h for h in new.nodes}
+    for host in new.nodes:
+        before = old.get(host.name)
+        if before is None:
+            out.append(NodeChange(host.name, "add"))
+        elif before != host:
+            a, b = before.model_dump(), host.model_dump()
+            out.append(NodeChange(host.name, "update", tuple(k for k in b if a.get(k) != b[k])))
+    out.extend(NodeChange(name, "remove") for name in sorted(old) if name not in wanted)
+    return out
+
+
+def diff_files(old: dict[str, str], new: dict[str, str]) -> list[FileChange]:
+    out = [FileChange(p, "create" if p not in old else "update")
+           for p, text in new.items() if old.get(p) != text]
+    out.extend(FileChange(p, "delete") for p in sorted(old) if p not in new)
+    return out
+
+
+def diff_cluster(old: HostsFile | None, new: HostsFile) -> dict[str, tuple[Any, Any]]:
+    before = old.k8s.model_dump() if old is not None and old.provisioned else {}
+    after = new.k8s.model_dump() if new.provisioned else {}
+    return {k: (before.get(k), after.get(k)) for k in sorted(set(before) | set(after))
+            if before.get(k) != after.get(k)}
+
+
+def make_plan(old: HostsFile | None, new: HostsFile, *, old_files: dict[str, str],
+              new_files: dict[str, str]) -> Plan:
+    recorded = {h.name: h for h in old.nodes} if old is not None else {}
+    return Plan(nodes=tuple(diff_nodes(recorded, new)),
+                files=tuple(diff_files(old_files, new_files)),
+                cluster=diff_cluster(old, new))
+
+
+_MARK = {"add": "+", "create": "+", "update": "~", "remove": "-", "delete": "-"}
+
+
+def describe(plan: Plan) -> str:
+    """The plan as lines an operator reads before ``apply``."""
+    if plan.empty:
+        return "no changes: the cluster matches the hosts file"
+    lines = []
+    for c in plan.nodes:
+        extra = f" ({', '.join(c.fields)})" if c.fields else ""
+        note = " after its jobs are moved away" if c.action == "remove" else ""
+        lines.append(f"{_MARK[c.action]} node {c.node}{extra}{note}")
+    for key, (a, b) in plan.cluster.items():
+        lines.append(f"~ kubernetes.{key}: {a} -> {b}")
+    lines.extend(f"{_MARK[f.action]} file {f.path}" for f in plan.files)
+    counts = {a: sum(1 for c in plan.nodes if c.action == a) for a in ("add", "update", "remove")}
+    lines.append(f"{counts['add']} to add, {counts['update']} to change, "
+                 f"{counts['remove']} to remove, {len(plan.files)} file(s) to write")
+    return "\n".join(lines)
+
+
+def as_json(plan: Plan) -> dict[str, Any]:
+    return {
+        "nodes": [{"node": c.node, "action": c.action, "fields": list(c.fields)}
+                  for c in plan.nodes],
+        "cluster": {k: {"old": a, "new": b} for k, (a, b) in plan.cluster.items()},
+        "files": [{"path": f.path, "action": f.action} for f in plan.files],
+    }
+
+
+def busy_jobs(job_records: list[dict[str, Any]], node: str) -> list[str]:
+    """Jobs the ``jobs`` bucket still shows on ``node`` (running or stopping):
+    a node is removed only when this is empty."""
+    return sorted(r.get("id", "?") for r in job_records
+                  if r.get("status") in ("running", "terminating")
+                  and any(s.get("node") == node for s in r.get("slots", [])))

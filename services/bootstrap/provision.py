@@ -1,0 +1,143 @@
+"""The imperative side of ``bootstrap plan|apply``: read what was applied
+last, write the rendered files, and run Kubespray through ansible-runner.
+
+Validation and planning happen before anything here writes a byte (bad input
+never half-applies). The last applied hosts file is kept next to the rendered
+inventory so a re-apply touches only what changed.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from libs.inventory import HostsFile
+from services.bootstrap.plan import Plan, make_plan
+from services.bootstrap.render import render
+
+APPLIED = "applied-hosts.yaml"
+
+
+@dataclass(frozen=True)
+class Workspace:
+    """Where one cluster's rendered files and last applied hosts file live."""
+
+    root: Path
+    cluster: str
+
+    @property
+    def inventory(self) -> Path:
+        return self.root / "inventory" / self.cluster
+
+    @property
+    def applied(self) -> Path:
+        return self.inventory / APPLIED
+
+    def last_applied(self) -> HostsFile | None:
+        try:
+            return HostsFile.model_validate(yaml.safe_load(self.applied.read_text()))
+        except (OSError, ValidationError, yaml.YAMLError):
+            return None  # nothing applied yet (or unreadable): plan everything
+
+    def rendered_files(self) -> dict[str, str]:
+        if not self.inventory.is_dir():
+            return {}
+        return {str(p.relative_to(self.root)): p.read_text()
+                for p in sorted(self.inventory.rglob("*"))
+                if p.suffix in (".yaml", ".yml") and p.name != APPLIED}
+
+
+def plan_for(hosts: HostsFile, root: Path) -> tuple[Plan, dict[str, str]]:
+    """The plan against what ``root`` holds, and the files it would write."""
+    ws = Workspace(root, hosts.cluster)
+    files = render(hosts)
+    return make_plan(ws.last_applied(), hosts, old_files=ws.rendered_files(),
+                     new_files=files), files
+
+
+def write_files(root: Path, plan: Plan, files: dict[str, str]) -> None:
+    """Write only the rendered files the plan changes."""
+    for change in plan.files:
+        path = root / change.path
+        if change.action == "delete":
+            path.unlink(missing_ok=True)
+            continue
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(path.suffix + ".tmp")
+        tmp.write_text(files[change.path])
+        tmp.replace(path)  # atomic: a crash never leaves half a file
+
+
+def record_applied(hosts: HostsFile, root: Path) -> None:
+    """Remember ``hosts`` as applied; only after provisioning succeeded, so a
+    failed run is planned (and retried) again."""
+    ws = Workspace(root, hosts.cluster)
+    ws.inventory.mkdir(parents=True, exist_ok=True)
+    ws.applied.write_text(yaml.safe_dump(hosts.model_dump(mode="json"), sort_keys=False))
+
+
+@dataclass(frozen=True)
+class Progress:
+    """One line of playbook progress, from an ansible-runner event."""
+
+    event: str
+    host: str
+    task: str
+
+    def __str__(self) -> str:
+        status = self.event.removeprefix("runner_on_").removeprefix("playbook_on_")
+        return f"{status:<10} {self.host or '-':<16} {self.task}"
+
+
+@dataclass(frozen=True)
+class ProvisionResult:
+    rc: int
+    status: str
+    failed_hosts: tuple[str, ...]
+    ok_hosts: tuple[str, ...]
+
+
+_SHOWN = {"runner_on_ok", "runner_on_failed", "runner_on_unreachable", "runner_on_skipped",
+          "playbook_on_task_start"}
+
+
+def run_playbook(*, project_dir: Path, playbook: str, inventory: Path,
+                 on_progress: Callable[[Progress], None],
+                 extravars: dict[str, Any] | None = None) -> ProvisionResult:
+    """Run ``playbook`` (relative to ``project_dir``, e.g. Kubespray's
+    cluster.yml) against ``inventory`` through ansible-runner, streaming
+    progress; the private data dir is temporary so runs never share state."""
+    import ansible_runner  # heavy; only ``apply`` needs it
+
+    bin_dir = str(Path(sys.executable).parent)
+
+    def handler(event: dict[str, Any]) -> bool:
+        if event.get("event") in _SHOWN:
+            data = event.get("event_data", {})
+            on_progress(Progress(event["event"], data.get("host", ""), data.get("task", "")))
+        return True
+
+    private = Path(tempfile.mkdtemp(prefix="primus-ansible-"))
+    try:
+        runner = ansible_runner.run(
+            private_data_dir=str(private), project_dir=str(project_dir),
+            playbook=playbook, inventory=str(inventory.resolve()),
+            extravars=extravars or {}, quiet=True, event_handler=handler,
+            envvars={"PATH": f"{bin_dir}:{os.environ.get('PATH', '')}",
+                     "ANSIBLE_HOST_KEY_CHECKING": "False"},
+        )
+        stats = runner.stats or {}
+        failed = set(stats.get("failures", {})) | set(stats.get("dark", {}))
+        ok = set(stats.get("ok", {})) - failed
+        return ProvisionResult(runner.rc, runner.status, tuple(sorted(failed)), tuple(sorted(ok)))
+    finally:
+        shutil.rmtree(private, ignore_errors=True)

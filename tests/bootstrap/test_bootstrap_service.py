@@ -1,0 +1,141 @@
+"""The bootstrap service against a real NATS: re-applying an edited hosts
+file emits only the differences, a removed node is drained before it goes,
+and a provisioned cluster's nodes wait for Kubespray before preflight."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from nats.js.errors import KeyNotFoundError
+
+from libs.bus import Bus
+from libs.events import NodeProvisioned, NodeProvisionedData, parse_event
+from libs.inventory import HostsFile, HostSpec, local_hosts
+from libs.settings import Settings
+from services.bootstrap.app import Bootstrap
+
+
+async def events(bus: Bus, subject: str = "safe.node.>") -> list[tuple[str, str, str]]:
+    """(type, node, state) of every node event so far, in order."""
+    sub = await bus.js.subscribe(subject, ordered_consumer=True)
+    out = []
+    try:
+        while True:
+            msg = await sub.next_msg(timeout=1.0)
+            ev = parse_event(msg.data)
+            out.append((ev.type, ev.node or "", getattr(ev.data, "state", "")))
+    except Exception:
+        return out
+    finally:
+        await sub.unsubscribe()
+
+
+async def until(check: Callable[[], Any], timeout: float = 10) -> None:
+    for _ in range(int(timeout * 10)):
+        if await check():
+            return
+        await asyncio.sleep(0.1)
+    raise AssertionError("condition not met in time")
+
+
+async def test_reapply_emits_only_differences_and_drains_before_removing(
+        bus: Bus, tmp_path: Path) -> None:
+    settings = Settings(state_dir=tmp_path)
+    first = local_hosts(3)
+    service = Bootstrap(settings, first, drain_poll_s=0.1)
+    await service.start(bus)
+    try:
+        before = await events(bus)
+        assert [e for e in before if e[0] == "node.registered"] == [
+            ("node.registered", f"node-{i}", "") for i in (1, 2, 3)]
+        assert ("node.state", "node-1", "preflight") in before
+
+        jobs = await bus.kv("jobs")
+        await jobs.put("j-1", json.dumps({"id": "j-1", "status": "running",
+                                          "slots": [{"rank": 0, "node": "node-3", "gpus": 1}]}
+                                         ).encode())
+        edited = HostsFile(cluster="embedded", nodes=[
+            first.nodes[0], first.nodes[1].model_copy(update={"gpu_count": 2})])
+        await service.apply(edited)
+        after = (await events(bus))[len(before):]
+        assert after == [("node.registered", "node-2", ""),  # changed: re-proven
+                         ("node.state", "node-2", "preflight"),
+                         ("node.state", "node-3", "draining")]  # removed: drained first
+        await asyncio.sleep(0.5)
+        nodes = await bus.kv("nodes")
+        assert json.loads((await nodes.get("node-3")).value)["state"] == "draining"  # job runs
+
+        await jobs.put("j-1", json.dumps({"id": "j-1", "status": "pending", "slots": []}
+                                         ).encode())
+
+        async def removed() -> bool:
+            try:
+                await nodes.get("node-3")
+                return False
+            except KeyNotFoundError:
+                return True
+        await until(removed)
+        assert ("node.removed", "node-3", "") in await events(bus)
+        assert "node-3" not in service.nodes
+
+        count = len(await events(bus))
+        await service.apply(edited)  # unchanged: nothing at all
+        assert len(await events(bus)) == count
+    finally:
+        await service.stop()
+
+
+async def test_provisioned_nodes_wait_for_kubespray_before_preflight(
+        bus: Bus, tmp_path: Path) -> None:
+    hosts = HostsFile(cluster="lab", provision=True, nodes=[
+        HostSpec(name="cp-1", ip="10.0.0.1", roles=["control-plane", "etcd", "worker"],
+                 gpu_model="MI300X", gpu_count=8)])
+    service = Bootstrap(Settings(state_dir=tmp_path), hosts)
+    await service.start(bus)
+    try:
+        assert service.nodes["cp-1"]["state"] == "provisioning"
+        assert not [e for e in await events(bus, "safe.bench.>")]  # no bench yet
+        await bus.publish(NodeProvisioned(source="test", node="cp-1",
+                                          data=NodeProvisionedData(ok=False, reason="ssh")))
+
+        async def state_is(state: str) -> bool:
+            return service.nodes["cp-1"]["state"] == state
+        await until(lambda: state_is("quarantined"))
+        assert not [e for e in await events(bus, "safe.bench.>")]
+        await bus.publish(NodeProvisioned(source="test", node="cp-1",
+                                          data=NodeProvisionedData(ok=True)))  # a fixed re-run
+        await until(lambda: state_is("preflight"))
+        states = [e[2] for e in await events(bus) if e[0] == "node.state"]
+        assert states == ["provisioning", "quarantined", "provisioning", "provisioned",
+                          "preflight"]
+        assert [e[0] for e in await events(bus, "safe.bench.>")] == ["bench.request"]
+    finally:
+        await service.stop()
+
+
+async def test_apply_publish_tells_the_service(
+        bus: Bus, nats_url: str, tmp_path: Path, cli_env: dict[str, str]) -> None:
+    import sys
+
+    import yaml
+
+    from tests.helpers import run_cli
+
+    path = tmp_path / "hosts.yaml"
+    path.write_text(yaml.safe_dump({"cluster": "lab", "provision": True, "nodes": [
+        {"name": "cp-1", "ip": "10.0.0.1", "roles": ["control-plane", "etcd", "worker"],
+         "gpu_model": "cpu", "gpu_count": 0}]}))
+    kubespray = tmp_path / "ks"
+    kubespray.mkdir()
+    (kubespray / "cluster.yml").write_text(
+        "- hosts: all\n  gather_facts: false\n  tasks:\n    - ansible.builtin.ping:\n")
+    env = {**cli_env, "PRIMUS_NATS_URL": nats_url}
+    result = run_cli("bootstrap", "apply", str(path), "--out", str(tmp_path / "out"),
+                     "--kubespray", str(kubespray), "--publish", "-e", "ansible_connection=local",
+                     "-e", f"ansible_python_interpreter={sys.executable}", env=env, timeout=240)
+    assert result.returncode == 0, result.stderr + result.stdout
+    assert ("node.provisioned", "cp-1", "") in await events(bus)
