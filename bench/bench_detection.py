@@ -2,25 +2,37 @@
 
 Starts a real nats-server, the bench coordinator and N bench agents (local
 "nodes", each its own process group) with the shipped standard-level
-configuration, slows one node down, and runs the standard level on every
-node, one node at a time (a real fleet runs them in parallel on separate
-hardware; here they share two cores), for R repetitions after one warm-up
-sweep that gives the coordinator its fleet. Each run ends with the
-coordinator's verdict, which includes the retry of a run that looked bad.
+configuration, slows one node down, and runs R fleet sweeps of the standard
+level after one warm-up sweep. Each sweep ends with the coordinator's
+verdict on every node, which includes the repeat of any node that looked
+unhealthy (measured again beside four nodes that looked healthy).
+
+One node at a time: the nodes share this machine's two cores, so in a sweep
+they take turns, one timed sample each (services/bench/turns.py), and never
+measure at the same moment. Taking turns, rather than running each node's
+level in one block, matters here: this machine's speed drifts on every
+timescale (other tenants, the host), and a node measured a minute after its
+peers would be judged against a different machine.
 
 Slowing a node: a CPU-share throttle. The slowed agent's process group is
 stopped (SIGSTOP) and continued (SIGCONT) so that for every second of CPU it
-uses it stands still for s/(1-s) seconds (s = 0.10): the node does 10% less
-work per second of its time, whatever else the machine runs. Its CPU time is
-read from a cgroup-v1 ``cpuacct`` group made for it when the machine allows
+uses it stands still for s/(1-s) seconds, in stops of about 2 ms: the node
+gets a share s less of its time, however busy the machine is. Only time in
+which every thread is really stopped counts. Each stop also costs the node
+its caches (other processes run meanwhile), so its throughput drops by more
+than s: s = 0.06 makes it ~10% slower here, s = 0.10 ~17%. The slowdown
+reported is what the figures showed: one minus the slowed node's median
+score against its peers. CPU time is read from a
+cgroup-v1 ``cpuacct`` group made for the node where the machine allows
 (root), else summed over the group's threads from /proc. (A CFS quota would
 only bite when the node could otherwise get more than the quota, which on a
 shared, busy machine it often cannot.)
 
-Recall: runs in which the slowed node's verdict is degraded or failed.
-False-positive rate: healthy nodes' runs with such a verdict.
+Recall: sweeps in which the slowed node's verdict is degraded or failed.
+False-positive rate: healthy nodes' verdicts that are degraded or failed.
+Seconds per node: the first pass of a sweep divided by its nodes.
 
-    .venv/bin/python bench/bench_detection.py [--nodes 8] [--reps 20] [--slowdown 0.10]
+    .venv/bin/python bench/bench_detection.py [--nodes 8] [--reps 20] [--stop-share 0.06]
 """
 
 from __future__ import annotations
@@ -46,8 +58,9 @@ sys.path.insert(0, str(ROOT))
 
 from libs.bus import Bus  # noqa: E402
 from libs.embedded import NatsServer  # noqa: E402
-from libs.events import BenchRequest, BenchRequestData, BenchResult, parse_event  # noqa: E402
+from libs.events import BenchResult, parse_event  # noqa: E402
 from libs.service import health_subject  # noqa: E402
+from services.bench.protocol import SWEEP_SUBJECT  # noqa: E402
 
 CGROUP = Path("/sys/fs/cgroup/cpuacct")
 KEY_FIGURES = ("gemm_fp32_512_tflops", "membw_triad_gbps", "train_tokens_per_s",
@@ -86,6 +99,24 @@ class CpuMeter:
                     total += int(stat.read_text().split()[0])
         return total / 1e9
 
+    def pids(self) -> list[int]:
+        if self.group is not None:
+            with contextlib.suppress(OSError, ValueError):
+                return [int(p) for p in (self.group / "cgroup.procs").read_text().split()]
+        return [int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit()
+                and _pgid(p) == self.pgid]
+
+    def all_stopped(self, timeout_s: float) -> bool:
+        """Wait until every thread of the group is stopped (or gone)."""
+        deadline = time.perf_counter() + timeout_s
+        pids = self.pids()
+        while time.perf_counter() < deadline:
+            if all(_state(t) in "TtZX" for pid in pids
+                   for t in Path(f"/proc/{pid}/task").glob("*")):
+                return True
+            time.sleep(0.0002)
+        return False
+
     def close(self) -> None:
         if self.group is None:
             return
@@ -96,6 +127,13 @@ class CpuMeter:
             self.group.rmdir()
 
 
+def _state(task: Path) -> str:
+    try:
+        return (task / "stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return "X"
+
+
 def _pgid(proc: Path) -> int | None:
     try:
         return int((proc / "stat").read_text().rsplit(")", 1)[1].split()[2])
@@ -104,11 +142,19 @@ def _pgid(proc: Path) -> int | None:
 
 
 class Throttle(threading.Thread):
-    """Stops a process group s/(1-s) seconds per CPU second it uses."""
+    """Stops a process group s/(1-s) seconds per CPU second it uses.
 
-    def __init__(self, pgid: int, share: float, tick_s: float = 0.002) -> None:
+    Only time in which every thread of the group is really stopped counts: a
+    thread waiting for a core when SIGSTOP comes stops only once it runs, and
+    on a busy machine that can take longer than the stop was meant to last."""
+
+    def __init__(self, pgid: int, share: float, tick_s: float = 0.002,
+                 min_stop_s: float = 0.002) -> None:
         super().__init__(daemon=True)
         self.pgid, self.share, self.tick_s = pgid, share, tick_s
+        # Stops of ~2 ms every ~18 ms of CPU: short against a 60 ms sample,
+        # long against the cache refill after each one.
+        self.min_stop_s = min_stop_s
         self.meter = CpuMeter(pgid)
         self.stopped_s = 0.0
         self.cpu_s = 0.0
@@ -122,16 +168,18 @@ class Throttle(threading.Thread):
             self.cpu_s += now - last
             debt += (now - last) * self.share / (1 - self.share)
             last = now
-            if debt < 0.0005:
+            if debt < self.min_stop_s:
                 continue
-            t0 = time.perf_counter()
+            held = 0.0
             try:
                 os.killpg(self.pgid, signal.SIGSTOP)
-                time.sleep(debt)
+                if self.meter.all_stopped(timeout_s=0.1):
+                    t0 = time.perf_counter()
+                    time.sleep(debt)
+                    held = time.perf_counter() - t0
             finally:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(self.pgid, signal.SIGCONT)
-            held = time.perf_counter() - t0
             debt -= held
             self.stopped_s += held
 
@@ -194,31 +242,27 @@ class Fleet:
             self.results.setdefault(key, []).append(event)
             self.arrived.set()
 
-    async def standard(self, node: str, timeout_s: float = 300) -> dict[str, Any]:
-        """One standard run on ``node`` up to the coordinator's verdict."""
+    async def sweep(self, nodes: list[str], timeout_s: float = 1800) -> dict[str, Any]:
+        """One standard-level fleet sweep, nodes taking turns; every node's verdict."""
         assert self.bus is not None
-        request = BenchRequest(source="bench-detection", node=node,
-                               data=BenchRequestData(level="standard", reason="detection bench"))
-        t0 = time.monotonic()
-        await self.bus.publish(request)
-        while True:
-            got = self.results.get(request.id, [])
-            verdict = next((e for e in got if e.data.judged_by == "coordinator"), None)
-            if verdict is not None:
-                break
-            if time.monotonic() - t0 > timeout_s:
-                raise TimeoutError(f"no verdict for {node} within {timeout_s} s")
-            self.arrived.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.arrived.wait(), 1.0)
-        runs = [e for e in got if e.data.judged_by == "agent"]
-        first = min(runs, key=lambda e: e.data.attempt)
-        score = next((f.value for f in verdict.data.figures if f.name == "node_score_vs_fleet"),
-                     None)
-        return {"node": node, "outcome": verdict.data.outcome, "reason": verdict.data.reason,
-                "retried": len(runs) > 1, "seconds": first.data.duration_s,
-                "wall_s": time.monotonic() - t0, "score": score,
-                "figures": {f.name: f.value for f in first.data.figures}}
+        reply = await self.bus.request(SWEEP_SUBJECT, {"nodes": nodes, "level": "standard",
+                                                       "turns": True}, timeout_s=timeout_s)
+        if not reply.get("ok"):
+            raise RuntimeError(f"sweep failed: {reply}")
+        runs: dict[str, Any] = {}
+        for node in nodes:
+            verdict = reply["verdicts"].get(node)
+            first = [e for e in self.results.get(f"{reply['session']}-{node}", [])
+                     if e.data.judged_by == "agent" and e.data.attempt == 1]
+            if verdict is None or not first:
+                raise RuntimeError(f"no verdict for {node} in {reply}")
+            runs[node] = {"node": node, "outcome": verdict["outcome"],
+                          "reason": verdict["reason"], "retried": verdict["retried"],
+                          "score": verdict["score"], "seconds": first[0].data.duration_s,
+                          "figures": {f.name: f.value for f in first[0].data.figures}}
+        runs["_seconds"] = reply["seconds"]
+        runs["_first_s"] = reply["first_pass_s"]
+        return runs
 
     def stop(self) -> None:
         for proc in self.procs.values():
@@ -244,19 +288,21 @@ async def campaign(fleet: Fleet, args: argparse.Namespace, slow: str) -> list[di
     for rep in range(-args.warmup, args.reps):
         order = list(fleet.nodes)
         rng.shuffle(order)
-        t0 = time.monotonic()
-        for node in order:
-            run = await fleet.standard(node)
-            run.update(rep=rep, slowed=node == slow)
-            if rep >= 0:
-                runs.append(run)
+        swept = await fleet.sweep(order)
+        seconds = swept.pop("_seconds")
+        first_s = swept.pop("_first_s")
         if rep < 0:
-            print(f"warm-up sweep {rep + args.warmup + 1}/{args.warmup} "
-                  f"({time.monotonic() - t0:.0f} s)", flush=True)
+            print(f"warm-up sweep {rep + args.warmup + 1}/{args.warmup} ({seconds:.0f} s)",
+                  flush=True)
             continue
-        flagged = [r["node"] for r in runs if r["rep"] == rep and r["outcome"] != "healthy"]
-        print(f"rep {rep + 1:2d}/{args.reps}: flagged {flagged or '-'} "
-              f"({time.monotonic() - t0:.0f} s)", flush=True)
+        for run in swept.values():
+            run.update(rep=rep, slowed=run["node"] == slow, sweep_s=seconds,
+                       node_s=first_s / len(fleet.nodes))
+            runs.append(run)
+        flagged = sorted(n for n, r in swept.items() if r["outcome"] != "healthy")
+        retried = sorted(n for n, r in swept.items() if r["retried"])
+        print(f"rep {rep + 1:2d}/{args.reps}: flagged {flagged or '-'}, retried "
+              f"{retried or '-'} ({seconds:.0f} s)", flush=True)
     return runs
 
 
@@ -277,9 +323,11 @@ def summarise(runs: list[dict[str, Any]], nodes: list[str], slow: str) -> dict[s
     healthy_runs = [r for r in runs if not r["slowed"]]
     recall = sum(r["outcome"] != "healthy" for r in slow_runs) / max(1, len(slow_runs))
     fpr = sum(r["outcome"] != "healthy" for r in healthy_runs) / max(1, len(healthy_runs))
+    slow_scores = [r["score"] for r in slow_runs if r["score"] is not None]
     return {"recall": recall, "fpr": fpr,
-            "seconds_per_node": statistics.mean(r["seconds"] for r in runs),
-            "wall_s_per_node": statistics.mean(r["wall_s"] for r in runs),
+            "slowdown": 1 - statistics.median(slow_scores) if slow_scores else float("nan"),
+            "seconds_per_node": statistics.mean(r["node_s"] for r in runs),
+            "sweep_s_per_node": statistics.mean(r["sweep_s"] for r in runs) / len(nodes),
             "slow_runs": len(slow_runs), "healthy_runs": len(healthy_runs)}
 
 
@@ -288,16 +336,21 @@ def main() -> int:
     parser.add_argument("--nodes", type=int, default=8)
     parser.add_argument("--reps", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=1, help="sweeps before counting")
-    parser.add_argument("--slowdown", type=float, default=0.10)
+    parser.add_argument("--stop-share", type=float, default=0.06,
+                        help="share of the slowed node's time it is stopped; ~0.06 costs it "
+                             "~10%% of its throughput here (stops also cost cache refills)")
     parser.add_argument("--slow-node", default=None, help="default: the middle node")
     parser.add_argument("--config", type=Path, default=None, help="bench config YAML")
     parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--dump", type=Path, default=None, help="write every run as JSON")
     args = parser.parse_args()
     slow = args.slow_node or f"node-{(args.nodes + 1) // 2}"
+    # SIGTERM unwinds like Ctrl-C, so the agents and nats-server are stopped.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     with tempfile.TemporaryDirectory(prefix="bench-detection-") as tmp:
         fleet = Fleet(Path(tmp), args.nodes, args.config)
         fleet.start()
-        throttle = Throttle(fleet.procs[slow].pid, args.slowdown)
+        throttle = Throttle(fleet.procs[slow].pid, args.stop_share)
         throttle.start()
         t0 = time.monotonic()
         try:
@@ -306,11 +359,14 @@ def main() -> int:
             throttle.stop()
             fleet.stop()
         total_s = time.monotonic() - t0
+    if args.dump is not None:
+        args.dump.write_text(json.dumps(runs, indent=1))
     result = summarise(runs, fleet.nodes, slow)
     stopped = throttle.stopped_s / max(throttle.cpu_s, 1e-9)
     print(f"\nthrottle ({throttle.meter.method}): {slow} stood still {throttle.stopped_s:.1f} s "
           f"per {throttle.cpu_s:.1f} s of CPU ({stopped:.3f}; target "
-          f"{args.slowdown / (1 - args.slowdown):.3f})")
+          f"{args.stop_share / (1 - args.stop_share):.3f}); its figures came out "
+          f"{result['slowdown']:.1%} below its peers' (median node score)")
     print(f"recall {result['recall']:.2%} (goal >= 95%), false-positive rate "
           f"{result['fpr']:.2%} (goal <= 1%), standard level {result['seconds_per_node']:.1f} s "
           f"per node (goal <= 60 s); {total_s / 60:.1f} min in all")
@@ -318,8 +374,9 @@ def main() -> int:
         "name": "bench_detection_recall", "value": round(result["recall"], 4), "unit": "ratio",
         "recall": round(result["recall"], 4), "fpr": round(result["fpr"], 4),
         "seconds_per_node": round(result["seconds_per_node"], 2),
-        "wall_s_per_node_with_retries": round(result["wall_s_per_node"], 2),
-        "nodes": args.nodes, "reps": args.reps, "slowdown": args.slowdown, "slow_node": slow,
+        "sweep_s_per_node_with_retries": round(result["sweep_s_per_node"], 2),
+        "nodes": args.nodes, "reps": args.reps, "slowdown": round(result["slowdown"], 4),
+        "stop_share": args.stop_share, "slow_node": slow,
         "slow_runs": result["slow_runs"], "healthy_runs": result["healthy_runs"],
         "throttle": f"SIGSTOP/SIGCONT per CPU second ({throttle.meter.method})",
         "stopped_per_cpu_s": round(stopped, 4), "goal": {"recall": 0.95, "fpr": 0.01}}))

@@ -1,10 +1,12 @@
-"""``primus-safe bench run`` and ``bench report``.
+"""``primus-safe bench run``, ``bench report`` and ``bench sweep``.
 
 ``bench run`` asks a node's agent for a level, shows each step as the agent
 reports it, and for the standard and full levels waits for the coordinator's
 fleet-relative verdict (which may include a retry of the run) before it
 prints the figures and checks. ``bench report`` prints the fleet table: every
 judged figure of every node against its GPU model's median, worst first.
+``bench sweep`` has the coordinator measure nodes side by side (taking turns
+where they share a machine) and prints each node's verdict.
 """
 
 from __future__ import annotations
@@ -20,10 +22,10 @@ from typing import Any
 from rich.console import Console
 from rich.status import Status
 
-from cli.client import CliError, connect
+from cli.client import CliError, connect, read_bucket
 from cli.output import load_settings, print_rows
 from libs.events import BenchRequest, BenchRequestData, BenchResult, check_key, parse_event
-from services.bench.protocol import PROGRESS_SUBJECT, REPORT_SUBJECT
+from services.bench.protocol import PROGRESS_SUBJECT, REPORT_SUBJECT, SWEEP_SUBJECT
 
 console = Console(stderr=True)
 # Without word from the agent or the coordinator for this long, stop waiting
@@ -169,3 +171,41 @@ def report(args: argparse.Namespace) -> int:
                           "relative", "flagged", "peers", "outcome"],
            "bench fleet (sorted by deviation from the median, worst first)")
     return 0
+
+
+async def _sweep(nodes: list[str], level: str, turns: bool, timeout_s: float) -> dict[str, Any]:
+    bus = await connect(load_settings())
+    try:
+        if not nodes:
+            nodes = sorted(r["spec"]["name"] for r in await read_bucket(bus, "nodes"))
+        if not nodes:
+            raise CliError("no nodes: name them with --nodes or register them with bootstrap")
+        reply = await bus.request(SWEEP_SUBJECT, {"nodes": nodes, "level": level,
+                                                  "turns": turns}, timeout_s=timeout_s)
+    except CliError:
+        raise
+    except Exception as exc:
+        raise CliError(f"bench-coordinator did not finish the sweep ({exc!r}); "
+                       "is it running?") from None
+    finally:
+        await bus.close()
+    if not reply.get("ok"):
+        raise CliError(f"sweep refused: {reply.get('error')}")
+    return reply
+
+
+def sweep(args: argparse.Namespace) -> int:
+    """Needs in cli/main.py: a ``sweep`` sub-parser with --nodes (comma list),
+    --level, --turns, --timeout, --json, dispatched here."""
+    nodes = [check_key(n, "node name") for n in (args.nodes or "").split(",") if n]
+    with console.status(f"{args.level} sweep of {len(nodes) or 'all'} node(s)"):
+        reply = asyncio.run(_sweep(nodes, args.level, args.turns, args.timeout))
+    rows = [{"node": n, **v} for n, v in sorted(reply["verdicts"].items())]
+    if args.json:
+        print(json.dumps(reply, indent=2))
+    else:
+        print_rows(rows, False, ["node", "outcome", "score", "retried", "reason"],
+                   f"sweep {reply['session']} ({reply['seconds']:.0f} s)")
+        if reply["missing"]:
+            console.print(f"[red]no result from: {', '.join(reply['missing'])}[/]")
+    return 0 if all(r["outcome"] != "failed" for r in rows) and not reply["missing"] else 1

@@ -40,7 +40,7 @@ def render(job: str, data: dict[str, Any]) -> str:
         if throughput:
             times = [_time(r["t"]) for r in throughput]
             parts.append(_figure("Throughput", _plot_xy(
-                times, [r["throughput"] for r in throughput], "time", "samples/s (all ranks)")))
+                times, [r["samples_per_s"] for r in throughput], "time", "samples/s (all ranks)")))
             parts.append(_figure("Step time", _plot_xy(
                 times, [r["step_time_s"] for r in throughput], "time", "seconds per step")))
     parts.append(_table(checkpoints, ["iteration", "rank", "checkpoint_bytes",

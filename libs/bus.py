@@ -26,8 +26,10 @@ from nats.js import api
 from nats.js.kv import KeyValue
 from pydantic import ValidationError
 
+from libs import natsfast
 from libs.events import SUBJECT_ROOT, Event, encode_event, parse_event
 from libs.logs import get_logger
+from libs.natsfast import FastPuller
 from libs.pull import Puller
 
 DAY = 24 * 3600.0
@@ -102,8 +104,10 @@ class ConsumerStats:
 class Bus:
     """A connected NATS client plus JetStream context for one service."""
 
-    def __init__(self, nc: Client, service: str) -> None:
+    def __init__(self, nc: Client, service: str, *, url: str | None = None,
+                 token: str | None = None) -> None:
         self.nc = nc
+        self.url, self.token = url, token  # for a hot consumer's own connection
         self.js = nc.jetstream()
         self.service = service
         self.stats = ConsumerStats()
@@ -139,7 +143,7 @@ class Bus:
                 f"cannot reach NATS at {url}: {exc}; start it (primus-safe up) "
                 "or set PRIMUS_NATS_URL"
             ) from exc
-        return cls(nc, service)
+        return cls(nc, service, url=url, token=token)
 
     async def ensure_topology(self) -> None:
         """Declare streams and KV buckets; safe to call from every service."""
@@ -188,7 +192,7 @@ class Bus:
         if (handler is None) == (batch_handler is None):
             raise ValueError("give exactly one of handler and batch_handler")
 
-        async def on_msgs(msgs: list[Msg]) -> None:
+        async def on_msgs(msgs: list[Msg], _: Any) -> None:
             await self._dispatch(msgs, handler, batch_handler, max_deliver)
 
         self._start_consumer(durable, list(subjects), stream, on_msgs, batch=batch,
@@ -207,6 +211,7 @@ class Bus:
         max_deliver: int = 5,
         ack_wait_s: float = 30.0,
         inflight: int = 2,
+        own_connection: bool = True,
     ) -> None:
         """A durable pull consumer for hot paths that decode messages themselves.
 
@@ -215,21 +220,23 @@ class Bus:
         the next batch overlaps storing this one). The handler returns the
         messages it refuses, with the reason: those are dead-lettered; every
         other message is acked once the handler returned. Replicas that use
-        the same ``durable`` share the consumer (a queue group).
+        the same ``durable`` share the consumer (a queue group). With
+        ``own_connection`` (and a plain nats:// URL) messages come over a lean
+        connection of their own (``libs.natsfast``) and are acked in one write.
         """
 
-        async def on_msgs(msgs: list[Msg]) -> None:
+        async def on_msgs(msgs: list[Msg], puller: Any) -> None:
             self.stats.delivered += len(msgs)
-            await self._run_raw(handler, msgs, max_deliver)
+            await self._run_raw(handler, msgs, max_deliver, puller)
 
         self._start_consumer(durable, list(subjects), stream, on_msgs, batch=batch,
                              fill_s=fill_s, max_deliver=max_deliver, ack_wait_s=ack_wait_s,
-                             inflight=inflight)
+                             inflight=inflight, fast=own_connection)
 
     def _start_consumer(self, durable: str, subjects: list[str], stream: StreamSpec,
-                        on_msgs: Callable[[list[Msg]], Awaitable[None]], *, batch: int,
+                        on_msgs: Callable[[list[Msg], Any], Awaitable[None]], *, batch: int,
                         fill_s: float, max_deliver: int, ack_wait_s: float,
-                        inflight: int) -> None:
+                        inflight: int, fast: bool = False) -> None:
         config = api.ConsumerConfig(
             durable_name=durable,
             ack_policy=api.AckPolicy.EXPLICIT,
@@ -241,7 +248,7 @@ class Bus:
             max_ack_pending=max(1000, batch * (inflight + 3)),
         )
         task = asyncio.create_task(
-            self._consume_loop(durable, stream, config, on_msgs, batch, fill_s, inflight),
+            self._consume_loop(durable, stream, config, on_msgs, batch, fill_s, inflight, fast),
             name=f"consume:{durable}",
         )
         self._tasks.append(task)
@@ -251,24 +258,31 @@ class Bus:
         durable: str,
         stream: StreamSpec,
         config: api.ConsumerConfig,
-        on_msgs: Callable[[list[Msg]], Awaitable[None]],
+        on_msgs: Callable[[list[Msg], Any], Awaitable[None]],
         batch: int,
         fill_s: float,
         inflight: int,
+        fast: bool,
     ) -> None:
         try:
             await self.js.add_consumer(stream.name, config)
         except nats.js.errors.APIError as exc:  # exists with other settings: use it
             self._log.warning("consumer kept as it was", durable=durable, error=str(exc))
-        puller = Puller(self.nc, stream.name, durable)
-        await puller.start()
+        puller: Puller | FastPuller
+        if fast and self.url and natsfast.supported(self.url):
+            puller = FastPuller(self.nc, self.url, self.token, stream.name, durable,
+                                name=f"{self.service}:{durable}")
+        else:
+            puller = Puller(self.nc, stream.name, durable)
+        if isinstance(puller, Puller):  # a FastPuller connects on its first fetch (and retries)
+            await puller.start()
         self._pull_subs.append(puller)
         slots = asyncio.Semaphore(inflight)
         running: set[asyncio.Task[None]] = set()
 
         async def handle(msgs: list[Msg]) -> None:
             try:
-                await on_msgs(msgs)
+                await on_msgs(msgs, puller)
             finally:
                 slots.release()
 
@@ -337,7 +351,8 @@ class Bus:
             await msg.ack()
         self.stats.handled += len(msgs)
 
-    async def _run_raw(self, fn: RawBatchHandler, msgs: list[Msg], max_deliver: int) -> None:
+    async def _run_raw(self, fn: RawBatchHandler, msgs: list[Msg], max_deliver: int,
+                       puller: Any) -> None:
         try:
             refused = await fn(msgs)
         except asyncio.CancelledError:
@@ -347,9 +362,11 @@ class Bus:
             return
         for msg, reason in refused:
             await self.dead_letter(msg, reason)
-        publish = self.nc.publish
-        for msg in msgs:  # the ack of Msg.ack(), without its per-message checks
-            await publish(msg.reply, _ACK)
+        if isinstance(puller, FastPuller):
+            await puller.ack(msgs)
+        else:
+            for msg in msgs:  # the ack of Msg.ack(), without its per-message checks
+                await self.nc.publish(msg.reply, _ACK)
         self.stats.handled += len(msgs) - len(refused)
 
     async def _failed(self, msgs: list[Msg], exc: Exception, max_deliver: int) -> None:

@@ -33,6 +33,7 @@ from nats.aio.subscription import Subscription
 # request conflicts (max waiting, consumer deleted, leadership change).
 _ENDS = frozenset({"404", "408", "409"})
 _NS = 1_000_000_000
+MAX_BYTES = 16 << 20  # per request: bounds what the server queues for this client
 
 
 class Puller:
@@ -42,6 +43,8 @@ class Puller:
         self._nc = nc
         self._next_subject = f"$JS.API.CONSUMER.MSG.NEXT.{stream}.{durable}"
         self._inbox = nc.new_inbox()
+        self._requests = 0  # each request replies to <inbox>.<n>, so a late status
+        self._current = ""  # of an earlier request cannot end the current one
         self._sub: Subscription | None = None
         self._buffer: list[Msg] = []
         self._want = 0
@@ -49,7 +52,7 @@ class Puller:
         self._wake = asyncio.Event()
 
     async def start(self) -> None:
-        self._sub = await self._nc.subscribe(self._inbox, cb=self._on_msg)
+        self._sub = await self._nc.subscribe(f"{self._inbox}.*", cb=self._on_msg)
 
     async def stop(self) -> None:
         if self._sub is not None:
@@ -63,7 +66,7 @@ class Puller:
             self._buffer.append(msg)
             if len(self._buffer) >= self._want:
                 self._wake.set()
-        elif status in _ENDS:
+        elif status in _ENDS and msg.subject == self._current:
             self._ended = True
             self._wake.set()
         # 100 (heartbeat, flow control) needs nothing.
@@ -90,14 +93,17 @@ class Puller:
 
     async def _request(self, batch: int, *, expires_s: float = 0.0,
                        no_wait: bool = False) -> None:
-        body: dict[str, int | bool] = {"batch": batch}
+        body: dict[str, int | bool] = {"batch": batch, "max_bytes": MAX_BYTES}
         if expires_s > 0:
             body["expires"] = int(expires_s * _NS)
         if no_wait:
             body["no_wait"] = True
+        self._requests += 1
+        self._current = f"{self._inbox}.{self._requests}"
         self._ended = False
         self._wake.clear()
-        await self._nc.publish(self._next_subject, json.dumps(body).encode(), reply=self._inbox)
+        await self._nc.publish(self._next_subject, json.dumps(body).encode(),
+                               reply=self._current)
 
     async def _wait(self, want: int, timeout_s: float) -> None:
         self._want = want

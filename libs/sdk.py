@@ -79,9 +79,13 @@ class TelemetryPublisher(threading.Thread):
     async def _connect(self) -> Any:
         import nats  # local import: the SDK must import without a bus
 
+        async def quiet(_: Exception) -> None:  # training output stays clean; see .failed
+            return None
+
         try:
             return await nats.connect(self.url, token=self.token, connect_timeout=2,
-                                      max_reconnect_attempts=-1, reconnect_time_wait=1)
+                                      max_reconnect_attempts=-1, reconnect_time_wait=1,
+                                      error_cb=quiet)
         except Exception:
             return None
         finally:

@@ -40,6 +40,8 @@ class Settings(BaseSettings):
     k8s_service_account: str | None = None
     k8s_master_port: int = 29500
     k8s_nats_token_secret: str | None = None
+    log_ship: bool = Field(default=False, description="also send log lines over the bus to Lens")
+    lens_alerts_file: Path | None = Field(default=None, description="lens-collector: alert rules")
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     driver: Literal["local", "kubernetes"] = Field(
         default="local", description="where workers run: local processes or Kubernetes pods")

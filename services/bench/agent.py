@@ -37,11 +37,45 @@ from services.bench import levels, probes
 from services.bench.config import ConfigFile
 from services.bench.host_metrics import HostSampler
 from services.bench.node_sampler import NodeSampler
-from services.bench.protocol import PAIR_SUBJECT, PROGRESS_SUBJECT
+from services.bench.protocol import PAIR_SUBJECT, PROGRESS_SUBJECT, SHARE_SUBJECT
 from services.bench.schedule import ProbeSchedule, Report, Skip, Start
 from services.bench.verdict import confirm
 
 CONFIG_POLL_S = 2.0
+
+
+class TurnGate:
+    """This node's side of turn-taking in a sweep on shared hardware (see
+    turns.py), called from the measuring thread. If the turn server does not
+    answer, the node measures without turns rather than hang."""
+
+    def __init__(self, bus: Bus, loop: asyncio.AbstractEventLoop, subject: str, session: str,
+                 node: str, wait_s: float = 900.0) -> None:
+        self.bus, self.loop, self.subject = bus, loop, subject
+        self.body = {"session": session, "node": node}
+        self.wait_s = wait_s
+        self.broken: str | None = None
+
+    def _ask(self, op: str, timeout_s: float) -> None:
+        if self.broken:
+            return
+        body = json.dumps({**self.body, "op": op}).encode()
+        try:
+            asyncio.run_coroutine_threadsafe(
+                self.bus.nc.request(self.subject, body, timeout=timeout_s), self.loop
+            ).result(timeout_s + 5)
+        except Exception as exc:
+            self.broken = f"{op}: {type(exc).__name__}"
+
+    def acquire(self) -> None:
+        self._ask("acquire", self.wait_s)
+
+    def pass_turn(self) -> None:
+        self._ask("release", 10)
+        self.acquire()
+
+    def leave(self) -> None:
+        self._ask("leave", 10)
 
 
 class BenchAgent:
@@ -131,11 +165,11 @@ class BenchAgent:
             if data.rendezvous is not None:
                 run = await self._measure_multi_node(event.id, data.rendezvous)
             else:
-                run = await self._measure(event)
+                run = await self._measure(event, pair_tag=event.id)
                 if run.outcome == "failed":
                     log.info("bench failed once; repeating", reason=run.reason)
                     self._progress(event.id, "repeating after a failure")
-                    again = await self._measure(event)
+                    again = await self._measure(event, pair_tag=f"{event.id}-again")
                     outcome, reason = confirm((run.outcome, run.reason),
                                               (again.outcome, again.reason))
                     run = again
@@ -143,7 +177,7 @@ class BenchAgent:
         finally:
             self.busy = None
         rdv = data.rendezvous
-        await self.bus.publish(BenchResult(  # deterministic id: a redelivery repeats it
+        result = BenchResult(  # deterministic id: a redelivery repeats it
             id=f"{event.id}-result", source=self.source, node=self.node,
             data=BenchResultData(
                 level=data.level, request_id=event.id, passed=run.outcome != "failed",
@@ -153,14 +187,20 @@ class BenchAgent:
                 attempt=data.attempt, retry_of=data.retry_of, checks=run.checks,
                 session=rdv.session if rdv else None,
                 peers=[n for n in rdv.nodes if n != self.node] if rdv else [],
+                sweep=data.sweep.session if data.sweep else None,
             ),
-        ))
+        )
+        if rdv is not None:  # a share of a multi-node test: for the coordinator only
+            await self.bus.nc.publish(SHARE_SUBJECT.format(session=rdv.session),
+                                      result.model_dump_json().encode())
+        else:
+            await self.bus.publish(result)
         self._answered.add(event.id)
         self.results += 1
         self._progress(event.id, "done")
         log.info("bench finished", outcome=run.outcome, reason=run.reason)
 
-    async def _measure(self, event: BenchRequest) -> levels.LevelRun:
+    async def _measure(self, event: BenchRequest, *, pair_tag: str) -> levels.LevelRun:
         config = self.config.current
         expected = event.data.expected_devices
         if expected is None:  # a retry or an operator's request: what bootstrap said last
@@ -169,10 +209,29 @@ class BenchAgent:
         def progress(step: str) -> None:
             self._progress(event.id, step)
 
-        run = await asyncio.to_thread(levels.run_level, event.data.level, config=config,
-                                      expected_devices=expected, progress=progress)
+        sweep = event.data.sweep
+        gate = None
+        if sweep is not None and sweep.turn_subject and self.bus is not None \
+                and self._loop is not None:
+            gate = TurnGate(self.bus, self._loop, sweep.turn_subject, sweep.session, self.node)
+
+        def measure() -> levels.LevelRun:
+            if gate is None:
+                return levels.run_level(event.data.level, config=config,
+                                        expected_devices=expected, progress=progress)
+            gate.acquire()
+            try:
+                return levels.run_level(event.data.level, config=config,
+                                        expected_devices=expected, progress=progress,
+                                        turn=gate.pass_turn)
+            finally:
+                gate.leave()
+
+        run = await asyncio.to_thread(measure)
+        if gate is not None and gate.broken:
+            self._log.warning("turn-taking failed; measured without turns", why=gate.broken)
         if event.data.level == "full":
-            rdv, why = await self._pairing(event.id)
+            rdv, why = await self._pairing(pair_tag)
             if rdv is None:
                 run.checks.append(BenchCheck(name="inter_node_collectives",
                                              status="unavailable", detail=why))

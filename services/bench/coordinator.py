@@ -27,13 +27,28 @@ from libs.events import (
     BenchResultData,
     Event,
     Figure,
+    parse_event,
 )
 from libs.logs import get_logger
 from libs.settings import Settings
 from services.bench.config import ConfigFile
-from services.bench.fleet import NodeFigure, compare_with_fleet, judge_node
+from services.bench.fleet import (
+    NodeFigure,
+    NodeJudgement,
+    Outcome,
+    Spread,
+    compare_with_fleet,
+    judge_node,
+)
 from services.bench.multinode import MultiNode
-from services.bench.protocol import PAIR_SUBJECT, REPORT_SUBJECT, SEARCH_SUBJECT
+from services.bench.protocol import (
+    PAIR_SUBJECT,
+    REPORT_SUBJECT,
+    SEARCH_SUBJECT,
+    SHARE_SUBJECT,
+    SWEEP_SUBJECT,
+)
+from services.bench.sweep import Sweeps
 from services.bench.triage import decide
 
 SOURCE = "bench-coordinator"
@@ -63,6 +78,7 @@ class BenchCoordinator:
         self.kv: KeyValue | None = None
         self.bus: Bus | None = None
         self.multinode: MultiNode | None = None
+        self.sweeps = Sweeps(self)
         self.retries = 0
         self.verdicts = 0
         self._log = get_logger()
@@ -82,6 +98,8 @@ class BenchCoordinator:
         await bus.serve(REPORT_SUBJECT, self._report, queue="bench-coordinator")
         await bus.serve(PAIR_SUBJECT, self.multinode.pair, queue="bench-coordinator")
         await bus.serve(SEARCH_SUBJECT, self.multinode.search, queue="bench-coordinator")
+        await bus.serve(SWEEP_SUBJECT, self.sweeps.run, queue="bench-coordinator")
+        await bus.nc.subscribe(SHARE_SUBJECT.format(session="*"), cb=self._on_share)
 
     # ------------------------------------------------------------------ results
 
@@ -91,23 +109,36 @@ class BenchCoordinator:
         if data.judged_by == "coordinator":
             return  # our own verdict
         if data.session is not None:
-            self.multinode.on_share(event)
-            return
+            return  # shares of multi-node tests come over SHARE_SUBJECT
         self.config.reload()
         record = self.latest.get(event.node) or _empty(event.node)
         stamp = event.time.timestamp()
         if data.trigger == "probe":
             record["probe"] = {"time": stamp, "reason": data.reason}
-            await self._save(event.node, record)
+            await self.save(event.node, record)
             return
         known = record["levels"].get(data.level)
         if known is not None and known["time"] >= stamp:
             return  # older than what we hold (redelivery or replay)
         record["levels"][data.level] = {"node": event.node, "time": stamp,
                                         "event_id": event.id, **data.model_dump(mode="json")}
+        if data.sweep is not None:  # judged with the rest of its sweep
+            await self.save(event.node, record)
+            self.sweeps.on_result(event)
+            return
         if data.level in JUDGED_LEVELS:
             await self._judge(event, record)
-        await self._save(event.node, record)
+        await self.save(event.node, record)
+
+    async def _on_share(self, msg: Any) -> None:
+        assert self.multinode is not None
+        try:
+            event = parse_event(msg.data)
+        except ValueError as exc:
+            self._log.warning("bad multi-node share", error=str(exc)[:200])
+            return
+        if isinstance(event, BenchResult) and event.data.session is not None:
+            self.multinode.on_share(event)
 
     def peers(self, node: str, gpu_model: str, now: float) -> dict[str, dict[str, float]]:
         """Latest standard/full figures of the other nodes of this model, without
@@ -126,14 +157,23 @@ class BenchCoordinator:
                 out[other] = values
         return out
 
+    def judge(self, data: BenchResultData, peers: dict[str, dict[str, float]],
+              spread: Spread | None = None) -> tuple[NodeJudgement, tuple[Outcome, str]]:
+        """The fleet judgement of a run against ``peers`` and the agent's own."""
+        config = self.config.current
+        model = data.gpu_model or data.device
+        judged = judge_node([(f.name, f.value, f.unit) for f in data.figures], peers,
+                            policy=config.fleet, floors=config.floors_for(model),
+                            spread=spread)
+        local: tuple[Outcome, str] = (data.outcome or ("healthy" if data.passed else "failed"),
+                                      data.reason)
+        return judged, local
+
     async def _judge(self, event: BenchResult, record: dict[str, Any]) -> None:
         assert self.bus is not None
-        data, config = event.data, self.config.current
-        model = data.gpu_model or data.device
-        judged = judge_node([(f.name, f.value, f.unit) for f in data.figures],
-                            self.peers(event.node, model, event.time.timestamp()),
-                            policy=config.fleet, floors=config.floors_for(model))
-        local = (data.outcome or ("healthy" if data.passed else "failed"), data.reason)
+        data = event.data
+        judged, local = self.judge(data, self.peers(event.node, data.gpu_model or data.device,
+                                                    event.time.timestamp()))
         pending = record.get("pending")
         first = None
         if data.retry_of is not None:
@@ -143,7 +183,6 @@ class BenchCoordinator:
                 first = (judged.outcome, judged.reason)
         decision = decide(local=local, fleet=(judged.outcome, judged.reason), first=first)
         request_id = data.retry_of or data.request_id or event.id
-        log = self._log.bind(node=event.node, request=request_id)
         if decision.action == "retry":
             await self.bus.publish(BenchRequest(
                 id=f"{request_id}-retry", source=SOURCE, node=event.node,
@@ -153,8 +192,18 @@ class BenchCoordinator:
                                  "reason": decision.reason, "flagged": judged.flagged,
                                  "time": time.time()}
             self.retries += 1
-            log.info("bench retry requested", outcome=decision.outcome, reason=decision.reason)
+            self._log.info("bench retry requested", node=event.node, request=request_id,
+                           outcome=decision.outcome, reason=decision.reason)
             return
+        await self.publish_verdict(event, record, decision.outcome, decision.reason, judged,
+                                   request_id)
+
+    async def publish_verdict(self, event: BenchResult, record: dict[str, Any],
+                              outcome: Outcome, reason: str, judged: NodeJudgement,
+                              request_id: str) -> None:
+        """Say what the fleet comparison (after any retry) found; bootstrap acts on it."""
+        assert self.bus is not None
+        data = event.data
         figures = list(data.figures)
         if judged.score is not None and judged.score_median:
             figures.append(Figure(name="node_score_vs_fleet", unit="ratio",
@@ -162,21 +211,21 @@ class BenchCoordinator:
         await self.bus.publish(BenchResult(
             id=f"{request_id}-verdict", source=SOURCE, node=event.node,
             data=BenchResultData(
-                level=data.level, request_id=request_id, passed=decision.outcome != "failed",
-                reason=decision.reason, device=data.device, device_count=data.device_count,
+                level=data.level, request_id=request_id, passed=outcome != "failed",
+                reason=reason, device=data.device, device_count=data.device_count,
                 gpu_model=data.gpu_model, dtype=data.dtype, figures=figures,
-                duration_s=data.duration_s, outcome=decision.outcome, attempt=data.attempt,
+                duration_s=data.duration_s, outcome=outcome, attempt=data.attempt,
                 retry_of=data.retry_of, judged_by="coordinator", verdict_of=event.id,
-                checks=data.checks)))
-        record["verdict"] = {"outcome": decision.outcome, "reason": decision.reason,
-                             "request_id": request_id, "time": event.time.timestamp(),
-                             "flagged": judged.flagged, "score": judged.score,
-                             "score_median": judged.score_median}
+                checks=data.checks, sweep=data.sweep)))
+        record["verdict"] = {"outcome": outcome, "reason": reason, "request_id": request_id,
+                             "time": event.time.timestamp(), "flagged": judged.flagged,
+                             "score": judged.score, "score_median": judged.score_median}
         record["pending"] = None
         self.verdicts += 1
-        log.info("bench verdict", outcome=decision.outcome, reason=decision.reason)
+        self._log.info("bench verdict", node=event.node, request=request_id, outcome=outcome,
+                       reason=reason)
 
-    async def _save(self, node: str, record: dict[str, Any]) -> None:
+    async def save(self, node: str, record: dict[str, Any]) -> None:
         assert self.kv is not None
         value = json.dumps(record).encode()
         try:
@@ -221,4 +270,5 @@ class BenchCoordinator:
 
     def health(self) -> dict[str, Any]:
         return {"nodes_with_results": len(self.latest), "retries": self.retries,
-                "verdicts": self.verdicts, "config_error": self.config.error}
+                "verdicts": self.verdicts, "sweeps": self.sweeps.runs,
+                "config_error": self.config.error}

@@ -134,13 +134,44 @@ def _weighted_score(values: Mapping[str, float], medians: Mapping[str, float],
     return math.exp(sum(w * x for w, x in terms) / total) if terms and total > 0 else None
 
 
+@dataclass(frozen=True)
+class Spread:
+    """How much a fleet scatters, as robust relative deviations (MAD * 1.4826 /
+    median): per figure and for the node score. Judging a retry against a few
+    fresh peers takes the scale from the larger sweep before it, because the
+    MAD of four values is itself too noisy to trust."""
+
+    figures: Mapping[str, float]
+    score: float | None = None
+
+
+def fleet_spread(runs: Mapping[str, Mapping[str, float]],
+                 judged: Mapping[str, NodeJudgement] | None = None) -> Spread:
+    """The spread of a set of runs (node -> figure -> value), and of the
+    node scores of their judgements when given."""
+    names = sorted({n for run in runs.values() for n in run})
+    figures = {}
+    for name in names:
+        values = [run[name] for run in runs.values() if name in run]
+        if len(values) >= 3:
+            median, mad = robust_center(values)
+            if median:
+                figures[name] = mad / median
+    ratios = [j.score / j.score_median for j in (judged or {}).values()
+              if j.score is not None and j.score_median]
+    score = robust_center(ratios)[1] if len(ratios) >= 3 else None
+    return Spread(figures, score)
+
+
 def judge_node(
     figures: Iterable[tuple[str, float, str]], peers: Mapping[str, Mapping[str, float]], *,
     policy: FleetPolicy, floors: Mapping[str, float] | None = None,
+    spread: Spread | None = None,
 ) -> NodeJudgement:
     """One node's run (figure name, value, unit) against its peers' latest runs
     (peer node -> figure name -> value; same GPU model, the node itself left
-    out) and the absolute floors of its GPU model."""
+    out) and the absolute floors of its GPU model. ``spread``: take the
+    scatter from there instead of from the peers (see ``Spread``)."""
     floors = floors or {}
     mine = {name: (value, unit) for name, value, unit in figures}
     verdicts: list[FigureVerdict] = []
@@ -160,19 +191,23 @@ def judge_node(
                                           outcome, why))
             continue
         median, mad = robust_center(values)
+        if spread is not None and name in spread.figures:
+            mad = spread.figures[name] * median
         medians[name] = median
         # Inverse-variance weight of the figure in the node score, from the
         # fleet's own spread: a noisy figure (collectives on a shared CPU)
         # counts little, a steady one (GEMM on a GPU) much.
-        spread = max(mad / median if median else 1.0, policy.min_figure_spread)
-        weights[name] = 1.0 / spread**2
+        scatter = max(mad / median if median else 1.0, policy.min_figure_spread)
+        weights[name] = 1.0 / scatter**2
         relative = (value - median) / median if median else 0.0
         z = (value - median) / mad if mad else (0.0 if value == median else -math.inf
                                                  if value < median else math.inf)
-        if outcome == "healthy":
+        # Both a relative drop and a robust z: a figure the fleet itself
+        # scatters widely (collectives on a shared CPU) needs a bigger drop.
+        if outcome == "healthy" and z < -policy.k:
             if relative < -policy.fail_drop:
                 outcome, why = "failed", f"{-relative:.0%} below the fleet median"
-            elif relative < -policy.figure_drop and z < -policy.k:
+            elif relative < -policy.figure_drop:
                 outcome, why = "degraded", f"{-relative:.0%} below the fleet median"
         verdicts.append(FigureVerdict(name, value, unit, median, relative, z, len(values),
                                       outcome, why))
@@ -185,6 +220,8 @@ def judge_node(
     if own is not None and len(peer_scores) >= policy.min_peers:
         score = own
         score_median, mad = robust_center(peer_scores)
+        if spread is not None and spread.score is not None:
+            mad = spread.score * score_median
         drop = score / score_median - 1
         score_z = (score - score_median) / mad if mad else 0.0
         score_flagged = drop < -policy.node_drop and (mad == 0 or score_z < -policy.node_k)

@@ -75,18 +75,20 @@ def quick(*, config: BenchConfig, expected_devices: int | None,
 
 
 def standard_level(*, config: BenchConfig, expected_devices: int | None,
-                   progress: Progress = _quiet) -> LevelRun:
+                   progress: Progress = _quiet, turn: standard.Turn = None) -> LevelRun:
+    """``turn`` is called between timed samples and steps: a node of a sweep
+    on shared hardware passes the turn to the next node there."""
     run = quick(config=config, expected_devices=expected_devices, progress=progress)
     kind, cfg = run.device, config.standard
     gpus = run.device_count if kind != "cpu" else 0
     steps: list[tuple[str, Callable[[], tuple[list[Figure], list[BenchCheck]]]]] = [
-        ("GEMM", lambda: _pair(standard.gemm_suite(kind, cfg))),
-        ("memory bandwidth", lambda: _pair(standard.memory_bandwidth(kind, cfg))),
+        ("GEMM", lambda: _pair(standard.gemm_suite(kind, cfg, turn))),
+        ("memory bandwidth", lambda: _pair(standard.memory_bandwidth(kind, cfg, turn))),
         ("intra-node collectives", lambda: collectives.intra_node(
             gpus=gpus, sizes=cfg.cpu_collective_bytes if kind == "cpu"
             else cfg.gpu_collective_bytes, cpu_ranks=cfg.cpu_collective_ranks,
             timing=standard.timing_for(kind, cfg), timeout_s=cfg.collective_timeout_s)),
-        ("trial training", lambda: _pair(standard.trial_training(kind, cfg))),
+        ("trial training", lambda: _pair(standard.trial_training(kind, cfg, turn))),
     ]
     for label, step in steps:
         progress(label)
@@ -97,6 +99,8 @@ def standard_level(*, config: BenchConfig, expected_devices: int | None,
                                               detail=f"{type(exc).__name__}: {exc}"[:300])]
         run.figures += figures
         run.checks += checks
+        if turn is not None:
+            turn()
     return run.judge()
 
 
@@ -113,10 +117,11 @@ def multi_node(rdv: BenchRendezvous, node: str, *, config: BenchConfig,
 
 
 def run_level(level: str, *, config: BenchConfig, expected_devices: int | None,
-              progress: Progress = _quiet) -> LevelRun:
+              progress: Progress = _quiet, turn: standard.Turn = None) -> LevelRun:
     if level == "quick":
         return quick(config=config, expected_devices=expected_devices, progress=progress)
-    return standard_level(config=config, expected_devices=expected_devices, progress=progress)
+    return standard_level(config=config, expected_devices=expected_devices, progress=progress,
+                          turn=turn)
 
 
 def _pair(results: standard.Results) -> tuple[list[Figure], list[BenchCheck]]:

@@ -34,17 +34,6 @@ def thread_queue_delay_s() -> float:
         return 0.0
 
 
-def process_queue_delay_s(pid: int | str = "self") -> float:
-    """The same, summed over every thread of a process (gloo works in its own threads)."""
-    total = 0
-    for path in Path(f"/proc/{pid}/task").glob("*/schedstat"):
-        try:
-            total += int(path.read_text().split()[1])
-        except (OSError, IndexError, ValueError):
-            continue
-    return total / 1e9
-
-
 @dataclass(frozen=True)
 class Timing:
     """The time of one call of a kernel."""
@@ -66,11 +55,13 @@ def time_kernel(
     sync: Callable[[], object] | None = None,
     queue_delay: Callable[[], float] | None = thread_queue_delay_s,
     clock: Callable[[], float] = time.perf_counter,
+    between: Callable[[], object] | None = None,
 ) -> Timing:
     """Median seconds per call of ``fn``. ``sync`` waits for the device (GPU):
     then each sample launches a fixed number of calls, sized from the warm-up,
     and synchronises once. ``queue_delay`` (None: plain wall clock) is
-    subtracted from each sample."""
+    subtracted from each sample. ``between`` runs after each sample, untimed
+    (a node of a sweep on shared hardware passes the turn there)."""
     if sync is not None:
         t0 = clock()
         for _ in range(max(warmup, 1)):
@@ -101,6 +92,8 @@ def time_kernel(
         q = min(max(q, 0.0), elapsed * 0.99)  # never below 1% of the wall time
         samples.append((elapsed - q) / n)
         calls, wall, queued = calls + n, wall + elapsed, queued + q
+        if between is not None:
+            between()
     return Timing(statistics.median(samples), samples, calls, wall, queued)
 
 

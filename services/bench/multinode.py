@@ -19,7 +19,14 @@ from collections.abc import Mapping
 from typing import Any
 
 from libs.bus import Bus
-from libs.events import BenchRendezvous, BenchRequest, BenchRequestData, BenchResult
+from libs.events import (
+    BenchCheck,
+    BenchRendezvous,
+    BenchRequest,
+    BenchRequestData,
+    BenchResult,
+    BenchResultData,
+)
 from libs.logs import get_logger
 from services.bench.config import ConfigFile
 from services.bench.split_search import Group, SplitSearch
@@ -115,10 +122,14 @@ class MultiNode:
         rdv = await self._rendezvous(session, list(group.nodes), "split search")
         self._arrived[session] = asyncio.Event()
         await self._ask(rdv, list(group.nodes), f"split search: {', '.join(group.members)}")
-        deadline = asyncio.get_running_loop().time() + rdv.timeout_s + 60
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + rdv.timeout_s + 60
         try:
             while len(self.shares.get(session, {})) < len(group.nodes):
-                left = deadline - asyncio.get_running_loop().time()
+                if any(_failed(s) for s in self.shares.get(session, {}).values()):
+                    # The group failed already; a node that never joined will not report.
+                    deadline = min(deadline, loop.time() + 5)
+                left = deadline - loop.time()
                 if left <= 0:
                     break
                 self._arrived[session].clear()
@@ -130,12 +141,23 @@ class MultiNode:
             del self._arrived[session]
         reports = {}
         for node, share in self.shares.pop(session, {}).items():
-            ok = any(c.name == "inter_node_collectives" and c.status == "ok"
-                     for c in share.data.checks)
+            ok = not _failed(share)
             bw = [f.value for f in share.data.figures if f.name.startswith(INTERNODE_PREFIX)]
             reports[node] = (ok, min(bw) if bw else None)
         return group_passed(reports, group.nodes, reference_gbps=self._reference_gbps(model),
                             min_fraction=self.config.current.full.min_pair_fraction)
+
+    async def _fail(self, node: str, reason: str) -> None:
+        """The coordinator's failing verdict on a node the search singled out."""
+        runs = list((self.latest.get(node) or {}).get("levels", {}).values())
+        last = max(runs, key=lambda r: r["time"]) if runs else {}
+        await self.bus.publish(BenchResult(
+            source=self.source, node=node, data=BenchResultData(
+                level="full", passed=False, reason=reason, outcome="failed",
+                device=last.get("device", "unknown"), device_count=last.get("device_count", 0),
+                gpu_model=last.get("gpu_model", ""), duration_s=0.0, judged_by="coordinator",
+                checks=[BenchCheck(name="inter_node_collectives", status="failed",
+                                   detail=reason)])))
 
     async def search(self, request: dict[str, Any]) -> dict[str, Any]:
         """Find the bad node(s) among ``nodes`` (a collective over them failed),
@@ -167,6 +189,14 @@ class MultiNode:
                                f"{'passed' if passed else 'failed'} ({why})")
             run.record(outcomes)
         self._log.info("split search done", bad=run.bad, rounds=run.rounds, tests=run.tests)
+        for node in run.bad:  # seen twice: in the collective that failed and in the search
+            await self._fail(node, f"split search ({tag}): fails multi-node collectives "
+                                   f"with known-healthy partners; {log[-1] if log else ''}")
         return {"ok": True, "bad": run.bad, "cleared": run.cleared,
                 "inconclusive": [list(s) for s in run.inconclusive], "rounds": run.rounds,
                 "tests": run.tests, "log": log}
+
+
+def _failed(share: BenchResult) -> bool:
+    return not any(c.name == "inter_node_collectives" and c.status == "ok"
+                   for c in share.data.checks)

@@ -16,3 +16,8 @@ PROGRESS_SUBJECT = "safe.progress.bench.{node}"
 REPORT_SUBJECT = QUERY_SUBJECT.format(name="bench.report")
 PAIR_SUBJECT = QUERY_SUBJECT.format(name="bench.pair")  # {"node", "request_id"}
 SEARCH_SUBJECT = QUERY_SUBJECT.format(name="bench.search")  # {"nodes": [...]}
+# One node's share of a multi-node test (a bench.result as JSON), core NATS only:
+# a share says nothing about the node alone, so bootstrap must not act on it.
+SHARE_SUBJECT = QUERY_SUBJECT.format(name="bench.share.{session}")
+# {"nodes": [...], "level": "standard", "turns": bool} -> every node's verdict
+SWEEP_SUBJECT = QUERY_SUBJECT.format(name="bench.sweep")

@@ -37,7 +37,11 @@ def _torch_device(kind: str) -> str:
     return "cuda" if kind in ("cuda", "rocm") else "cpu"
 
 
-def _timer(kind: str, timing: Timing) -> Callable[[Callable[[], object]], Measured]:
+Turn = Callable[[], object] | None  # called between timed samples (see turns.py)
+
+
+def _timer(kind: str, timing: Timing, turn: Turn = None
+           ) -> Callable[[Callable[[], object]], Measured]:
     import torch
 
     gpu = kind != "cpu"
@@ -46,7 +50,7 @@ def _timer(kind: str, timing: Timing) -> Callable[[Callable[[], object]], Measur
         return time_kernel(fn, repeats=timing.repeats, sample_s=timing.sample_s,
                            warmup=timing.warmup,
                            sync=torch.cuda.synchronize if gpu else None,
-                           queue_delay=None if gpu else thread_queue_delay_s)
+                           queue_delay=None if gpu else thread_queue_delay_s, between=turn)
     return run
 
 
@@ -54,14 +58,14 @@ def timing_for(kind: str, config: StandardConfig) -> Timing:
     return config.timing if kind == "cpu" else config.gpu_timing
 
 
-def gemm_suite(kind: str, config: StandardConfig) -> Results:
+def gemm_suite(kind: str, config: StandardConfig, turn: Turn = None) -> Results:
     import torch
 
     dtypes = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
     device = _torch_device(kind)
     sizes = config.cpu_gemm_sizes if kind == "cpu" else config.gpu_gemm_sizes
     wanted = ["fp32"] if kind == "cpu" else list(config.gpu_gemm_dtypes)
-    timer = _timer(kind, timing_for(kind, config))
+    timer = _timer(kind, timing_for(kind, config), turn)
     out = Results()
     if kind == "cpu":
         out.checks.append(BenchCheck(
@@ -88,14 +92,14 @@ def gemm_suite(kind: str, config: StandardConfig) -> Results:
     return out
 
 
-def memory_bandwidth(kind: str, config: StandardConfig) -> Results:
+def memory_bandwidth(kind: str, config: StandardConfig, turn: Turn = None) -> Results:
     """STREAM-style copy (2 x bytes moved) and triad a = b + s*c (3 x bytes)."""
     import torch
 
     device = _torch_device(kind)
     nbytes = config.cpu_membw_bytes if kind == "cpu" else config.gpu_membw_bytes
     n = nbytes // 4
-    timer = _timer(kind, timing_for(kind, config))
+    timer = _timer(kind, timing_for(kind, config), turn)
     a = torch.empty(n, device=device)
     b = torch.full((n,), 1.0, device=device)
     c = torch.full((n,), 2.0, device=device)
@@ -132,7 +136,7 @@ def _tiny_lm(vocab: int, dim: int) -> object:
     return TinyLM()
 
 
-def trial_training(kind: str, config: StandardConfig) -> Results:
+def trial_training(kind: str, config: StandardConfig, turn: Turn = None) -> Results:
     """A few steps of a small transformer on a learnable sequence task (next
     token = token + 1): the loss must stay finite and fall, and the step time
     must be steady. Tokens per second is judged against the fleet."""
@@ -163,7 +167,7 @@ def trial_training(kind: str, config: StandardConfig) -> Results:
         step_times.append(max(time.perf_counter() - t0 - queued, 1e-9))
 
     timing = timing_for(kind, config)
-    t = _timer(kind, timing)(step)
+    t = _timer(kind, timing, turn)(step)
     while len(losses) < config.train_steps:  # a fast device: enough steps to learn
         step()
     tokens_per_s = batch * seq / t.seconds

@@ -4,8 +4,8 @@ Collector replicas share the telemetry consumer, so no replica sees every
 sample; ClickHouse does. One replica at a time (the holder of a lease in the
 ``lens-leader`` KV bucket, which expires when its holder stops renewing it)
 queries each window of ``interval_s`` (ending ``lag_s`` ago, so late rows
-are in) for what the rules need: only the GPUs above a clear level or with
-an open alert, each job's progress, losses, throughput and newest
+are in) for what the rules need: only the GPUs above an alert level or in a
+breach the rules watch, each job's progress, losses, throughput and newest
 checkpoint, and each node's newest sample. The transitions go out as
 ``lens.alert`` events with ids derived from the alert, so a second
 evaluator's copies are dropped by the bus; the collector stores them from
@@ -119,9 +119,9 @@ class AlertLoop:
         at = to / 1000
         window = {"frm": frm, "to": to}
         c = self.engine.config
-        t, v, p = c.clear_levels()
+        t, v, p = c.open_levels()  # hot GPUs only, plus those the rules watch
         gpu_rows = await self.query(GPU_SQL.replace("{sensor}", c.gpu_temp_sensor), {
-            **window, "t": t, "v": v, "p": p, "open": self.engine.open_gpu_keys()})
+            **window, "t": t, "v": v, "p": p, "open": self.engine.watched_gpu_keys()})
         out += self.engine.gpu_window(at, {(r[0], int(r[1])): GpuReading(r[2], r[3], r[4])
                                           for r in gpu_rows})
         jobs = await self.query(JOB_SQL, window)

@@ -57,10 +57,9 @@ class AlertConfig(BaseModel):
     checkpoint_max_age_s: float = Field(default=3600, gt=0)
     node_down_s: float = Field(default=60, gt=0)
 
-    def clear_levels(self) -> tuple[float, float, float]:
-        """The lowest GPU readings that still matter (temp, vram, power)."""
-        return (self.gpu_temp_c.clear_below, self.gpu_vram_frac.clear_below,
-                self.gpu_power_frac.clear_below)
+    def open_levels(self) -> tuple[float, float, float]:
+        """GPU readings above which an alert may start (temp, vram, power)."""
+        return self.gpu_temp_c.above, self.gpu_vram_frac.above, self.gpu_power_frac.above
 
 
 @dataclass(frozen=True)
@@ -137,8 +136,9 @@ class AlertEngine:
     def gpu_window(self, at: float, readings: dict[tuple[str, int], GpuReading]
                    ) -> list[Transition]:
         """Readings of the GPUs that mattered in the window ending at ``at``: those
-        above a clear level, and those with an open alert that reported at all.
-        A GPU left out was below every clear level (or silent)."""
+        above an alert level, and those the rules watch (``watched_gpu_keys``)
+        that reported at all. A GPU left out was below every alert level (or
+        silent), so an unfinished breach of it starts over."""
         out: list[Transition] = []
         c = self.config
         for rule, attr, threshold in (("gpu_temp_high", "temp_c", c.gpu_temp_c),
@@ -234,8 +234,11 @@ class AlertEngine:
     def open_alerts(self) -> list[tuple[str, str]]:
         return sorted(k for k, m in self._machines.items() if m.phase in ("open", "clearing"))
 
-    def open_gpu_keys(self) -> list[str]:
-        return sorted({k for r, k in self.open_alerts() if r.startswith("gpu_")})
+    def watched_gpu_keys(self) -> list[str]:
+        """GPUs with a breach under way or an alert open: their readings matter
+        even below the alert level (to end the breach, or to close)."""
+        return sorted({k for (r, k), m in self._machines.items()
+                       if r.startswith("gpu_") and m.phase != "ok"})
 
     # ------------------------------------------------------------------ machinery
 

@@ -68,6 +68,9 @@ SETTINGS: dict[str, Any] = {
     "input_format_skip_unknown_fields": 1,  # newer optional fields: stored once migrated
     "input_format_json_read_objects_as_strings": 1,  # log fields kept as JSON text
     "deduplicate_blocks_in_dependent_materialized_views": 1,
+    # Replacing tables would otherwise merge each inserted block on insert;
+    # rows are unique already (redeliveries are filtered), so skip that work.
+    "optimize_on_insert": 0,
 }
 
 
@@ -162,16 +165,32 @@ def _not_stored(client: Client, db: str, route: Route, items: Sequence[Item], *,
         return list(items)
     ids = sorted({i.event_id for i in check})
     keys = sorted({i.key for i in check if i.key})
+    times = sorted(t for i in check if (t := _time_of(i.data)))
+    # The primary keys lead with node/job and time: narrow by both.
+    params: dict[str, Any] = {"ids": ids, "keys": keys,
+                              "since": times[0] if times else "1970-01-01 00:00:00",
+                              "until": times[-1] if times else "2999-01-01 00:00:00"}
     stored: set[str] | None = None
     for table, id_column, key_column in route.targets:
-        where = f"{id_column} IN {{ids:Array(String)}} AND time >= now64() - INTERVAL 2 DAY"
+        where = (f"{id_column} IN {{ids:Array(String)}} AND time >= "
+                 "parseDateTime64BestEffort({since:String}, 3, 'UTC') - INTERVAL 1 SECOND "
+                 "AND time <= parseDateTime64BestEffort({until:String}, 3, 'UTC') "
+                 "+ INTERVAL 1 SECOND")
         if key_column and keys:
             where += f" AND {key_column} IN {{keys:Array(String)}}"
         found = {r[0] for r in client.query(
             f"SELECT DISTINCT {id_column} FROM {db}.{table} WHERE {where}",
-            parameters={"ids": ids, "keys": keys}).result_rows}
+            parameters=params).result_rows}
         stored = found if stored is None else stored & found
     return [i for i in items if i.event_id not in (stored or set())]
+
+
+_TIME = re.compile(rb'"time"\s*:\s*"([^"]{10,40})"')
+
+
+def _time_of(data: bytes) -> str | None:
+    match = _TIME.search(data)
+    return match.group(1).decode() if match else None
 
 
 def _short(exc: BaseException) -> str:

@@ -87,7 +87,7 @@ QUERIES: dict[str, NamedQuery] = {
         {"minutes": 60, "step": 10}, "each GPU of a node over time"),
     "job_throughput": NamedQuery(
         """SELECT toStartOfInterval(time, INTERVAL {step:UInt32} SECOND) AS t,
-                  max(iteration) AS iteration, avg(throughput) * uniqExact(rank) AS throughput,
+                  max(iteration) AS iteration, avg(throughput) * uniqExact(rank) AS samples_per_s,
                   avg(throughput) AS throughput_per_rank,
                   avg(tokens_per_s) AS tokens_per_s_per_rank, avg(step_time_s) AS step_time_s
            FROM {db}.job_metrics FINAL

@@ -31,6 +31,7 @@ from libs.events import (
 )
 from libs.store import migrate
 from services.lens_collector.ingest import ROUTES, Item, store
+from services.lens_collector.rollups import backfill
 from services.lens_collector.rows import COLUMNS, rows_for
 from services.lens_collector.schema import MIGRATIONS
 
@@ -110,6 +111,7 @@ def seed(client: Client, database: str, *, minutes: int = 30,
     for table, rows in rows_for([(e, i + 1) for i, e in enumerate(control)]).items():
         client.insert(f"{database}.{table}", rows, column_names=COLUMNS[table])
         stored[table] = len(rows)
+    backfill(client, database, start, now + timedelta(minutes=1))
     return stored
 
 

@@ -1,0 +1,104 @@
+"""The steps of ``bench/gpu_check.sh``: large GEMMs on one GPU, the intra-node
+collectives over every GPU (under torchrun), and a report of each figure as
+a share of the device's published peak (``gpu_peaks``).
+
+    python -m services.bench.gpu_check gemm --out DIR/gemm.json
+    torchrun --standalone --nproc-per-node N -m services.bench.gpu_check collectives --out F
+    python -m services.bench.gpu_check report DIR
+
+The measuring reuses the standard level's kernels and timing, so the check
+and the fleet bench agree on what a figure means.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+from services.bench.gpu_peaks import lookup, shares, table
+
+
+def gemm(args: argparse.Namespace) -> int:
+    import torch
+
+    from services.bench import standard
+    from services.bench.config import StandardConfig, Timing
+
+    if not torch.cuda.is_available():
+        print("gpu_check: torch sees no GPU", file=sys.stderr)
+        return 2
+    kind = "rocm" if getattr(torch.version, "hip", None) else "cuda"
+    config = StandardConfig(gpu_gemm_sizes=args.sizes, gpu_gemm_dtypes=args.dtypes,
+                            gpu_timing=Timing(warmup=3, repeats=5, sample_s=0.25))
+    results = standard.gemm_suite(kind, config)
+    failed = [c for c in results.checks if c.status == "failed"]
+    Path(args.out).write_text(json.dumps({
+        "device": torch.cuda.get_device_name(0), "kind": kind,
+        "figures": [f.model_dump() for f in results.figures],
+        "problems": [f"{c.name}: {c.detail}" for c in failed]}))
+    return 1 if failed else 0
+
+
+def collectives(args: argparse.Namespace) -> int:
+    """One rank under torchrun; rank 0 writes the figures."""
+    import torch
+
+    from services.bench.collectives import RankPlan, _figures, _measure
+    from services.bench.config import Timing
+
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    plan = RankPlan("nccl", "env://", world, rank, int(os.environ["LOCAL_RANK"]), True,
+                    tuple(args.bytes), Timing(warmup=5, repeats=5, sample_s=0.25), 120.0)
+    samples = _measure(plan)
+    if rank == 0:
+        figures = _figures([{"samples": samples}], world, "")
+        Path(args.out).write_text(json.dumps({
+            "device": torch.cuda.get_device_name(0), "ranks": world,
+            "figures": [f.model_dump() for f in figures]}))
+    return 0
+
+
+def report(args: argparse.Namespace) -> int:
+    parts = [json.loads(p.read_text()) for p in sorted(Path(args.dir).glob("*.json"))]
+    if not parts:
+        print("gpu_check: nothing was measured", file=sys.stderr)
+        return 1
+    device = parts[0]["device"]
+    peaks = lookup(device)
+    rows = shares([(f["name"], f["value"], f["unit"]) for p in parts for f in p["figures"]],
+                  peaks)
+    print(f"{device} -> {peaks.model if peaks else 'no published peak in the table'}")
+    print(table(rows))
+    for p in parts:
+        for problem in p.get("problems", []):
+            print(f"problem: {problem}")
+    print(json.dumps({
+        "name": "gpu_check", "device": device, "model": peaks.model if peaks else None,
+        "figures": [{"name": r.figure, "value": r.value, "unit": r.unit, "baseline": r.peak,
+                     "ratio": round(r.share, 4) if r.share is not None else None}
+                    for r in rows]}))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="gpu_check", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="step", required=True)
+    g = sub.add_parser("gemm")
+    g.add_argument("--out", required=True)
+    g.add_argument("--sizes", type=int, nargs="+", default=[8192])
+    g.add_argument("--dtypes", nargs="+", default=["bf16", "fp16", "fp32"],
+                   choices=["bf16", "fp16", "fp32"])
+    c = sub.add_parser("collectives")
+    c.add_argument("--out", required=True)
+    c.add_argument("--bytes", type=int, nargs="+", default=[64 << 20, 512 << 20])
+    r = sub.add_parser("report")
+    r.add_argument("dir")
+    args = parser.parse_args(argv)
+    return {"gemm": gemm, "collectives": collectives, "report": report}[args.step](args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

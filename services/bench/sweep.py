@@ -1,0 +1,207 @@
+"""Fleet sweeps for the coordinator: measure a set of nodes side by side and
+judge each against the others of the same sweep.
+
+A fleet-relative verdict is only as good as the baseline: nodes measured at
+different times are compared with a machine room (or, for agents sharing one
+machine, a machine) that has changed in between. A sweep measures its nodes
+together — all at once on separate hardware, or taking turns sample by
+sample (``turns.py``) where they share it — and judges every node against
+the other nodes' runs from the same sweep. A node that looks unhealthy is
+measured again in a second, smaller sweep together with a few nodes that
+looked healthy, and judged against those fresh runs; only what that repeat
+confirms is published.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from typing import TYPE_CHECKING, Any
+
+from libs.bus import QUERY_SUBJECT
+from libs.events import BenchRequest, BenchRequestData, BenchResult, BenchSweep
+from libs.logs import get_logger
+from services.bench.fleet import NodeJudgement, Outcome, fleet_spread
+from services.bench.triage import decide
+from services.bench.turns import TurnRing
+
+if TYPE_CHECKING:
+    from services.bench.coordinator import BenchCoordinator
+
+TURN_SUBJECT = QUERY_SUBJECT.format(name="bench.turn.{session}")
+HELPERS = 5  # healthy nodes measured again beside the suspects
+NODE_TIMEOUT_S = 180.0  # a sweep waits this long per node (turns: nodes one at a time)
+
+
+class Sweeps:
+    def __init__(self, coordinator: BenchCoordinator) -> None:
+        self.coordinator = coordinator
+        self.results: dict[str, dict[str, BenchResult]] = {}  # session -> node -> run
+        self._arrived: dict[str, asyncio.Event] = {}
+        self.runs = 0
+        self._log = get_logger(component="sweep")
+
+    def on_result(self, event: BenchResult) -> None:
+        session = event.data.sweep
+        if session in self._arrived:
+            self.results.setdefault(session, {})[event.node] = event
+            self._arrived[session].set()
+
+    # ------------------------------------------------------------------ measuring
+
+    async def _serve_turns(self, session: str, nodes: list[str]) -> tuple[Any, asyncio.Task[None]]:
+        bus = self.coordinator.bus
+        assert bus is not None
+        ring = TurnRing.of(nodes)
+        pending: dict[str, Any] = {}
+
+        async def grant(names: list[str]) -> None:
+            for name in names:
+                msg = pending.pop(name, None)
+                if msg is not None:
+                    await msg.respond(b'{"ok": true}')
+
+        async def on_msg(msg: Any) -> None:
+            try:
+                body = json.loads(msg.data)
+                node, op = str(body["node"]), str(body["op"])
+            except (ValueError, KeyError, TypeError):
+                await msg.respond(b'{"ok": false, "error": "bad turn request"}')
+                return
+            now = time.monotonic()
+            if op == "acquire":
+                pending[node] = msg
+                await grant(ring.acquire(node, now))
+                return
+            granted = ring.leave(node, now) if op == "leave" else ring.release(node, now)
+            await msg.respond(b'{"ok": true}')
+            await grant(granted)
+
+        async def expire() -> None:
+            while True:
+                await asyncio.sleep(1.0)
+                await grant(ring.expire(time.monotonic()))
+
+        sub = await bus.nc.subscribe(TURN_SUBJECT.format(session=session), cb=on_msg)
+        return sub, asyncio.create_task(expire())
+
+    async def measure(self, session: str, nodes: list[str], *, level: str, turns: bool,
+                      attempt: int = 1, retry_of: dict[str, str] | None = None
+                      ) -> dict[str, BenchResult]:
+        """Ask every node for the level as part of one sweep; their runs."""
+        bus = self.coordinator.bus
+        assert bus is not None
+        subject = TURN_SUBJECT.format(session=session) if turns else None
+        sweep = BenchSweep(session=session, nodes=nodes, turn_subject=subject)
+        self._arrived[session] = asyncio.Event()
+        self.results[session] = {}
+        served = await self._serve_turns(session, nodes) if turns else None
+        try:
+            for node in nodes:
+                await bus.publish(BenchRequest(
+                    id=f"{session}-{node}", source="bench-coordinator", node=node,
+                    data=BenchRequestData(
+                        level=level, reason=f"fleet sweep {session}", attempt=attempt,  # type: ignore[arg-type]
+                        retry_of=(retry_of or {}).get(node), sweep=sweep)))
+            deadline = time.monotonic() + NODE_TIMEOUT_S * (len(nodes) if turns else 1)
+            while len(self.results[session]) < len(nodes) and time.monotonic() < deadline:
+                self._arrived[session].clear()
+                try:
+                    await asyncio.wait_for(self._arrived[session].wait(),
+                                           deadline - time.monotonic())
+                except TimeoutError:
+                    break
+        finally:
+            del self._arrived[session]
+            if served is not None:
+                await served[0].unsubscribe()
+                served[1].cancel()
+        return self.results.pop(session)
+
+    # ------------------------------------------------------------------ judging
+
+    @staticmethod
+    def _figures(runs: dict[str, BenchResult], nodes: list[str]) -> dict[str, dict[str, float]]:
+        return {n: {f.name: f.value for f in runs[n].data.figures} for n in nodes if n in runs}
+
+    async def run(self, request: dict[str, Any]) -> dict[str, Any]:
+        """``{"nodes": [...], "level": "standard", "turns": false}`` -> every
+        node's verdict, after the repeat of any that looked unhealthy."""
+        nodes = [str(n) for n in request.get("nodes", [])]
+        level = str(request.get("level", "standard"))
+        turns = bool(request.get("turns", False))
+        if not nodes or level not in ("standard", "full"):
+            return {"ok": False, "error": "give nodes and a level: standard or full"}
+        coord = self.coordinator
+        coord.config.reload()
+        self.runs += 1
+        session = f"sweep-{uuid.uuid4().hex[:10]}"
+        t0 = time.monotonic()
+        first = await self.measure(session, nodes, level=level, turns=turns)
+        first_s = time.monotonic() - t0
+        judged = {}
+        for node, run in first.items():
+            others = [n for n in first if n != node]
+            judged[node] = coord.judge(run.data, self._figures(first, others))
+        decisions = {n: decide(local=local, fleet=(j.outcome, j.reason), first=None)
+                     for n, (j, local) in judged.items()}
+        suspects = sorted(n for n, d in decisions.items() if d.action == "retry")
+        verdicts: dict[str, dict[str, Any]] = {}
+        for node, decision in decisions.items():
+            if decision.action == "verdict":
+                await self._verdict(first[node], decision.outcome, decision.reason,
+                                    judged[node][0], retried=False, out=verdicts)
+        if suspects:
+            healthy = [n for n, d in decisions.items() if d.action == "verdict"
+                       and d.outcome == "healthy"]
+            # The most typical healthy nodes: scores nearest the sweep's median.
+            helpers = sorted(healthy, key=lambda n: (abs(_ratio(judged[n][0]) - 1), n))[:HELPERS]
+            again = await self.measure(f"{session}-retry", suspects + helpers, level=level,
+                                       turns=turns, attempt=2,
+                                       retry_of={n: f"{session}-{n}" for n in suspects})
+            # The fresh helpers give the medians; the first pass, with all its
+            # healthy-looking nodes, gives the scatter.
+            calm = [n for n in first if n not in suspects]
+            spread = fleet_spread(self._figures(first, calm),
+                                  {n: judged[n][0] for n in calm})
+            for node in suspects:
+                if node not in again:
+                    continue
+                peers = self._figures(again, [h for h in helpers if h in again])
+                retry_judged, retry_local = coord.judge(again[node].data, peers, spread)
+                final = decide(local=retry_local,
+                               fleet=(retry_judged.outcome, retry_judged.reason),
+                               first=(decisions[node].outcome, decisions[node].reason))
+                await self._verdict(again[node], final.outcome, final.reason, retry_judged,
+                                    retried=True, out=verdicts, request_id=f"{session}-{node}")
+        missing = sorted(set(nodes) - set(first)) + [f"{n} (retry)" for n in suspects
+                                                     if n not in verdicts]
+        self._log.info("sweep done", session=session, nodes=len(nodes), suspects=suspects,
+                       missing=missing, seconds=round(time.monotonic() - t0, 1))
+        return {"ok": True, "session": session, "verdicts": verdicts, "missing": missing,
+                "suspects": suspects, "seconds": round(time.monotonic() - t0, 2),
+                "first_pass_s": round(first_s, 2)}
+
+    async def _verdict(self, run: BenchResult, outcome: Outcome, reason: str,
+                       judged: NodeJudgement, *,
+                       retried: bool, out: dict[str, dict[str, Any]],
+                       request_id: str | None = None) -> None:
+        coord = self.coordinator
+        record = coord.latest.get(run.node)
+        if record is None:
+            return
+        request_id = request_id or run.data.request_id or run.id
+        await coord.publish_verdict(run, record, outcome, reason, judged, request_id)
+        await coord.save(run.node, record)
+        out[run.node] = {"outcome": outcome, "reason": reason, "retried": retried,
+                         "score": _ratio(judged) if judged.score else None,
+                         "duration_s": run.data.duration_s, "flagged": judged.flagged}
+
+
+def _ratio(judged: NodeJudgement) -> float:
+    """A node's score against the median score of its peers (1.0: typical)."""
+    if judged.score is None or not judged.score_median:
+        return 1.0
+    return judged.score / judged.score_median

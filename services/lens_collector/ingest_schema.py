@@ -1,0 +1,112 @@
+"""DDL of the ingest path (schema migration 5): Null-engine tables that take
+telemetry messages as the agents and the SDK published them (JSONEachRow)
+and materialized views that spread them into the telemetry tables.
+
+The engine parses the JSON in C++ and checks it with CHECK constraints:
+types, keys that are valid subject tokens, required fields. Required
+fields are Nullable here so that a missing one fails the CHECK (and the
+message goes to pydantic for its reason) instead of silently becoming 0.
+See ``ingest`` for the Python side.
+"""
+
+from __future__ import annotations
+
+from libs.events import KEY_PATTERN
+
+_GPU_TYPES = (
+    ("util_pct", "Float32"), ("vram_used_bytes", "UInt64"), ("vram_total_bytes", "UInt64"),
+    ("temp_c", "Float32"), ("power_w", "Float32"), ("temp_junction_c", "Float32"),
+    ("temp_hbm_c", "Float32"), ("power_cap_w", "Float32"), ("sclk_mhz", "Float32"),
+    ("mclk_mhz", "Float32"), ("ecc_correctable", "UInt64"), ("ecc_uncorrectable", "UInt64"),
+    ("pcie_rx_bytes_s", "Float64"), ("pcie_tx_bytes_s", "Float64"),
+    ("xgmi_rx_bytes_s", "Float64"), ("xgmi_tx_bytes_s", "Float64"),
+)
+_KEY = KEY_PATTERN.replace("{", "{{").replace("}", "}}")  # str.format escapes
+
+
+def _map(items: str, key: str, value: str, keep: str = "") -> str:
+    """A Map from an Array(Tuple) column: ``key`` -> ``value`` of each item kept."""
+    src = f"arrayFilter(x -> {keep}, {items})" if keep else items
+    return (f"mapFromArrays(arrayMap(x -> tupleElement(x, '{key}'), {src}), "
+            f"arrayMap(x -> tupleElement(x, '{value}'), {src}))")
+
+
+_RDMA = "tupleElement(x, 'rdma')"
+INGEST_MIGRATION: tuple[str, ...] = (
+    f"""CREATE TABLE IF NOT EXISTS {{db}}.ingest_node (
+        id String, type String, time DateTime64(6, 'UTC'), source String, node String,
+        data Tuple(
+            cpu_pct Nullable(Float64), mem_used_bytes Nullable(UInt64),
+            mem_total_bytes Nullable(UInt64), load1 Nullable(Float64),
+            gpu_tool Nullable(String),
+            gpus Array(Tuple(index Nullable(UInt8),
+                             {", ".join(f"{n} Nullable({t})" for n, t in _GPU_TYPES)})),
+            nics Array(Tuple(name String, rx_bytes_s Float64, tx_bytes_s Float64, rdma Bool)),
+            disks Array(Tuple(name String, read_bytes_s Float64, write_bytes_s Float64)),
+            filesystems Array(Tuple(mount String, free_bytes UInt64, total_bytes UInt64))),
+        CONSTRAINT is_node_telemetry CHECK type = 'telemetry.node',
+        CONSTRAINT node_is_a_key CHECK match(node, '{_KEY}'),
+        CONSTRAINT required CHECK isNotNull(data.cpu_pct) AND isNotNull(data.mem_used_bytes)
+            AND isNotNull(data.mem_total_bytes) AND isNotNull(data.load1)
+            AND data.cpu_pct >= 0 AND data.load1 >= 0
+            AND arrayAll(g -> isNotNull(tupleElement(g, 'index')), data.gpus)
+    ) ENGINE = Null""",
+    f"""CREATE MATERIALIZED VIEW IF NOT EXISTS {{db}}.ingest_node_gpus TO {{db}}.gpu_metrics AS
+    SELECT time, node, assumeNotNull(tupleElement(g, 'index')) AS gpu, id AS event_id,
+           {", ".join(f"tupleElement(g, '{n}') AS {n}" for n, _ in _GPU_TYPES)}
+    FROM {{db}}.ingest_node ARRAY JOIN data.gpus AS g""",
+    f"""CREATE MATERIALIZED VIEW IF NOT EXISTS {{db}}.ingest_node_host TO {{db}}.node_metrics AS
+    SELECT time, node, id AS event_id, assumeNotNull(data.cpu_pct) AS cpu_pct,
+           assumeNotNull(data.mem_used_bytes) AS mem_used_bytes,
+           assumeNotNull(data.mem_total_bytes) AS mem_total_bytes,
+           assumeNotNull(data.load1) AS load1, length(data.gpus) AS gpu_count,
+           ifNull(data.gpu_tool, '') AS gpu_tool,
+           {_map("data.nics", "name", "rx_bytes_s", f"NOT {_RDMA}")} AS net_rx_bytes_s,
+           {_map("data.nics", "name", "tx_bytes_s", f"NOT {_RDMA}")} AS net_tx_bytes_s,
+           {_map("data.nics", "name", "rx_bytes_s", _RDMA)} AS rdma_rx_bytes_s,
+           {_map("data.nics", "name", "tx_bytes_s", _RDMA)} AS rdma_tx_bytes_s,
+           {_map("data.disks", "name", "read_bytes_s")} AS disk_read_bytes_s,
+           {_map("data.disks", "name", "write_bytes_s")} AS disk_write_bytes_s,
+           {_map("data.filesystems", "mount", "free_bytes")} AS fs_free_bytes,
+           {_map("data.filesystems", "mount", "total_bytes")} AS fs_total_bytes
+    FROM {{db}}.ingest_node""",
+    f"""CREATE TABLE IF NOT EXISTS {{db}}.ingest_job (
+        id String, type String, time DateTime64(6, 'UTC'), source String,
+        node Nullable(String), job String,
+        data Tuple(rank Nullable(UInt16), attempt Nullable(UInt16), iteration Nullable(UInt64),
+                   loss Nullable(Float64), throughput Nullable(Float64),
+                   step_time_s Nullable(Float64), checkpoint_path Nullable(String),
+                   loss_nonfinite Nullable(String), grad_norm Nullable(Float64),
+                   tokens_per_s Nullable(Float64), checkpoint_bytes Nullable(UInt64),
+                   checkpoint_duration_s Nullable(Float64), dropped Nullable(UInt64)),
+        CONSTRAINT is_job_telemetry CHECK type = 'telemetry.job',
+        CONSTRAINT keys CHECK match(job, '{_KEY}')
+            AND (isNull(node) OR match(assumeNotNull(node), '{_KEY}')),
+        CONSTRAINT required CHECK isNotNull(data.rank) AND isNotNull(data.iteration)
+    ) ENGINE = Null""",
+    """CREATE MATERIALIZED VIEW IF NOT EXISTS {db}.ingest_job_rows TO {db}.job_metrics AS
+    SELECT time, job, assumeNotNull(data.rank) AS rank, ifNull(data.attempt, 1) AS attempt,
+           ifNull(node, '') AS node, id AS event_id, assumeNotNull(data.iteration) AS iteration,
+           if(isNull(data.loss_nonfinite), data.loss, toFloat64OrNull(data.loss_nonfinite))
+               AS loss,
+           data.throughput AS throughput, data.step_time_s AS step_time_s,
+           data.checkpoint_path AS checkpoint_path, data.grad_norm AS grad_norm,
+           data.tokens_per_s AS tokens_per_s, data.checkpoint_bytes AS checkpoint_bytes,
+           data.checkpoint_duration_s AS checkpoint_duration_s, data.dropped AS dropped
+    FROM {db}.ingest_job""",
+    f"""CREATE TABLE IF NOT EXISTS {{db}}.ingest_log (
+        id String, type String, time DateTime64(6, 'UTC'), source String,
+        node Nullable(String), job Nullable(String),
+        data Tuple(level String, message Nullable(String), service String, fields String),
+        CONSTRAINT is_log_record CHECK type = 'log.record',
+        CONSTRAINT keys CHECK (isNull(node) OR match(assumeNotNull(node), '{_KEY}'))
+            AND (isNull(job) OR match(assumeNotNull(job), '{_KEY}')),
+        CONSTRAINT required CHECK isNotNull(data.message)
+    ) ENGINE = Null""",
+    """CREATE MATERIALIZED VIEW IF NOT EXISTS {db}.ingest_log_rows TO {db}.logs AS
+    SELECT time, id, if(data.service = '', source, data.service) AS service,
+           data.level AS level, ifNull(node, '') AS node, ifNull(job, '') AS job,
+           assumeNotNull(data.message) AS message,
+           if(data.fields = '', '{{}}', data.fields) AS fields
+    FROM {db}.ingest_log""",
+)

@@ -1,0 +1,103 @@
+"""The hot-path consumer (``Bus.consume_raw``) against a real nats-server,
+both over its own lean connection (``libs.natsfast``) and over nats-py
+(``libs.pull``): batches fill, everything is acked once, refused messages
+are dead-lettered with the reason, failures are retried, and a dropped
+connection loses nothing."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from nats.aio.msg import Msg
+
+from libs.bus import DEADLETTER, REASON_HEADER, TELEMETRY, Bus, dlq_subject
+from libs.natsfast import FastPuller
+
+
+async def publish(bus: Bus, count: int, start: int = 0) -> None:
+    for i in range(start, start + count):
+        await bus.js.publish(f"safe.telemetry.node.n{i % 7}", f'{{"i": {i}}}'.encode(),
+                             headers={"Nats-Msg-Id": f"m{i}"})
+
+
+async def until(pred, timeout: float = 20.0) -> None:  # type: ignore[no-untyped-def]
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not pred():
+        assert asyncio.get_running_loop().time() < deadline, "condition not met in time"
+        await asyncio.sleep(0.05)
+
+
+@pytest.mark.parametrize("own_connection", [True, False], ids=["natsfast", "nats-py"])
+async def test_batches_fill_and_everything_is_acked_once(bus: Bus, own_connection: bool) -> None:
+    seen: list[str] = []
+    sizes: list[int] = []
+
+    async def handler(msgs: list[Msg]) -> list[tuple[Msg, str]]:
+        sizes.append(len(msgs))
+        seen.extend(m.headers["Nats-Msg-Id"] for m in msgs)
+        assert all(m.subject.startswith("safe.telemetry.node.n") for m in msgs)
+        return []
+
+    await publish(bus, 1000)
+    bus.consume_raw(durable="hot", subjects=list(TELEMETRY.subjects), stream=TELEMETRY,
+                    handler=handler, batch=300, fill_s=0.2, own_connection=own_connection)
+    await until(lambda: len(seen) == 1000)
+    await publish(bus, 10, start=1000)  # a trickle after the backlog: comes within fill_s
+    await until(lambda: len(seen) == 1010)
+    assert sorted(seen) == sorted(f"m{i}" for i in range(1010))
+    assert max(sizes) == 300
+    await asyncio.sleep(0.3)
+    info = await bus.js.consumer_info("TELEMETRY", "hot")
+    assert info.num_ack_pending == 0 and info.num_pending == 0
+    assert bus.stats.handled == 1010
+
+
+async def test_refused_messages_are_dead_lettered_with_the_reason(bus: Bus) -> None:
+    async def handler(msgs: list[Msg]) -> list[tuple[Msg, str]]:
+        return [(m, "invalid event: odd") for m in msgs if m.data.endswith(b"3}")]
+
+    await publish(bus, 20)
+    bus.consume_raw(durable="hot2", subjects=list(TELEMETRY.subjects), stream=TELEMETRY,
+                    handler=handler, batch=50, fill_s=0.1)
+    await until(lambda: bus.stats.handled == 18 and bus.stats.dead_lettered == 2)
+    sub = await bus.js.pull_subscribe(dlq_subject("test"), stream=DEADLETTER.name)
+    dead = await sub.fetch(2, timeout=5)
+    assert {m.headers[REASON_HEADER] for m in dead} == {"invalid event: odd"}
+    assert sorted(m.data for m in dead) == [b'{"i": 13}', b'{"i": 3}']
+
+
+async def test_a_failing_store_is_retried_then_dead_lettered(bus: Bus) -> None:
+    calls: list[int] = []
+
+    async def handler(msgs: list[Msg]) -> list[tuple[Msg, str]]:
+        calls.append(len(msgs))
+        raise RuntimeError("store away")
+
+    await publish(bus, 3)
+    bus.consume_raw(durable="hot3", subjects=list(TELEMETRY.subjects), stream=TELEMETRY,
+                    handler=handler, batch=10, fill_s=0.1, max_deliver=2)
+    await until(lambda: bus.stats.dead_lettered == 3, timeout=30)
+    assert sum(calls) == 6  # each message tried twice
+    assert "handler failed 2 times" in bus.stats.dead_letter_reasons[-1]
+
+
+async def test_a_dropped_connection_loses_nothing(bus: Bus) -> None:
+    seen: list[str] = []
+    first = asyncio.Event()
+
+    async def handler(msgs: list[Msg]) -> list[tuple[Msg, str]]:
+        seen.extend(m.headers["Nats-Msg-Id"] for m in msgs)
+        first.set()
+        return []
+
+    bus.consume_raw(durable="hot4", subjects=list(TELEMETRY.subjects), stream=TELEMETRY,
+                    handler=handler, batch=20, fill_s=0.1, ack_wait_s=2)
+    await publish(bus, 20)
+    await asyncio.wait_for(first.wait(), 10)
+    [puller] = [p for p in bus._pull_subs if isinstance(p, FastPuller)]
+    assert puller._writer is not None
+    puller._writer.transport.abort()  # the socket dies under it
+    await publish(bus, 50, start=20)
+    await until(lambda: len(set(seen)) == 70, timeout=30)
+    assert set(seen) == {f"m{i}" for i in range(70)}
