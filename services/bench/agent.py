@@ -12,6 +12,7 @@ rendezvous runs only this node's share of a multi-node collective.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import json
 import os
@@ -50,22 +51,32 @@ class TurnGate:
     answer, the node measures without turns rather than hang."""
 
     def __init__(self, bus: Bus, loop: asyncio.AbstractEventLoop, subject: str, session: str,
-                 node: str, wait_s: float = 900.0) -> None:
+                 node: str, wait_s: float = 300.0) -> None:
         self.bus, self.loop, self.subject = bus, loop, subject
         self.body = {"session": session, "node": node}
-        self.wait_s = wait_s
+        self.wait_s = wait_s  # the ring takes a turn back after 120 s: never this long
         self.broken: str | None = None
+        self._pending: concurrent.futures.Future[Any] | None = None
 
     def _ask(self, op: str, timeout_s: float) -> None:
         if self.broken:
             return
         body = json.dumps({**self.body, "op": op}).encode()
         try:
-            asyncio.run_coroutine_threadsafe(
-                self.bus.nc.request(self.subject, body, timeout=timeout_s), self.loop
-            ).result(timeout_s + 5)
-        except Exception as exc:
-            self.broken = f"{op}: {type(exc).__name__}"
+            self._pending = asyncio.run_coroutine_threadsafe(
+                self.bus.nc.request(self.subject, body, timeout=timeout_s), self.loop)
+            self._pending.result(timeout_s + 5)
+        except (Exception, concurrent.futures.CancelledError) as exc:
+            self.broken = self.broken or f"{op}: {type(exc).__name__}"
+        finally:
+            self._pending = None
+
+    def abort(self) -> None:
+        """The agent stops: no more waiting for turns."""
+        self.broken = "agent stopping"
+        pending = self._pending
+        if pending is not None:
+            pending.cancel()
 
     def acquire(self) -> None:
         self._ask("acquire", self.wait_s)
@@ -100,6 +111,7 @@ class BenchAgent:
         self._tasks: list[asyncio.Task[None]] = []
         self._probes: set[asyncio.Task[None]] = set()
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._gate: TurnGate | None = None
         self._log = get_logger(node=node)
         if self.config.error:
             self._log.error("bench config refused", error=self.config.error)
@@ -215,6 +227,8 @@ class BenchAgent:
                 and self._loop is not None:
             gate = TurnGate(self.bus, self._loop, sweep.turn_subject, sweep.session, self.node)
 
+        self._gate = gate
+
         def measure() -> levels.LevelRun:
             if gate is None:
                 return levels.run_level(event.data.level, config=config,
@@ -227,7 +241,10 @@ class BenchAgent:
             finally:
                 gate.leave()
 
-        run = await asyncio.to_thread(measure)
+        try:
+            run = await asyncio.to_thread(measure)
+        finally:
+            self._gate = None
         if gate is not None and gate.broken:
             self._log.warning("turn-taking failed; measured without turns", why=gate.broken)
         if event.data.level == "full":
@@ -349,6 +366,8 @@ class BenchAgent:
             self.probe_reports += 1
 
     async def stop(self) -> None:
+        if self._gate is not None:
+            self._gate.abort()
         tasks = [*self._tasks, *self._probes]
         for task in tasks:
             task.cancel()

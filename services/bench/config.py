@@ -58,7 +58,7 @@ class Timing(_Model):
     each after ``warmup`` untimed calls; the figure is the median sample."""
 
     warmup: int = Field(default=2, ge=0)
-    repeats: int = Field(default=9, ge=1)
+    repeats: int = Field(default=15, ge=1)
     sample_s: float = Field(default=0.08, gt=0)
 
 
@@ -90,7 +90,7 @@ class FleetPolicy(_Model):
     k: float = Field(default=3.0, gt=0, description="robust deviations below the median")
     figure_drop: float = Field(default=0.20, gt=0, lt=1,
                                description="one figure this far below the median is degraded")
-    node_drop: float = Field(default=0.04, gt=0, lt=1,
+    node_drop: float = Field(default=0.045, gt=0, lt=1,
                              description="the node's geometric-mean score this far below")
     node_k: float = Field(default=2.0, gt=0, description="robust deviations of the node score")
     min_figure_spread: float = Field(

@@ -175,13 +175,15 @@ class BenchCoordinator:
         judged, local = self.judge(data, self.peers(event.node, data.gpu_model or data.device,
                                                     event.time.timestamp()))
         pending = record.get("pending")
-        first = None
+        first, repeated = None, True
         if data.retry_of is not None:
             if pending and pending.get("request_id") == data.retry_of:
                 first = (pending["outcome"], pending["reason"])
+                repeated = bool(set(pending.get("flagged", [])) & set(judged.flagged))
             else:  # we lost the first run: this repeat stands alone
                 first = (judged.outcome, judged.reason)
-        decision = decide(local=local, fleet=(judged.outcome, judged.reason), first=first)
+        decision = decide(local=local, fleet=(judged.outcome, judged.reason), first=first,
+                          repeated=repeated)
         request_id = data.retry_of or data.request_id or event.id
         if decision.action == "retry":
             await self.bus.publish(BenchRequest(
@@ -266,7 +268,11 @@ class BenchCoordinator:
         return {"ok": True, "rows": self.report()}
 
     async def stop(self) -> None:
-        pass
+        # A sweep or search in progress holds a request handler; end it so the
+        # connection can drain and the service exits.
+        self.sweeps.stop()
+        if self.multinode is not None:
+            self.multinode.stop()
 
     def health(self) -> dict[str, Any]:
         return {"nodes_with_results": len(self.latest), "retries": self.retries,

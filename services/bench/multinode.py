@@ -45,7 +45,13 @@ class MultiNode:
         self.shares: dict[str, dict[str, BenchResult]] = {}  # session -> node -> share
         self._arrived: dict[str, asyncio.Event] = {}
         self.searches = 0
+        self.stopping = False
         self._log = get_logger(component="multinode")
+
+    def stop(self) -> None:
+        self.stopping = True
+        for arrived in self._arrived.values():
+            arrived.set()
 
     def on_share(self, event: BenchResult) -> None:
         session = event.data.session
@@ -125,7 +131,7 @@ class MultiNode:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + rdv.timeout_s + 60
         try:
-            while len(self.shares.get(session, {})) < len(group.nodes):
+            while len(self.shares.get(session, {})) < len(group.nodes) and not self.stopping:
                 if any(_failed(s) for s in self.shares.get(session, {}).values()):
                     # The group failed already; a node that never joined will not report.
                     deadline = min(deadline, loop.time() + 5)
@@ -174,7 +180,7 @@ class MultiNode:
         tag = f"search-{uuid.uuid4().hex[:8]}"
         run = SplitSearch.start(suspects, healthy)
         log: list[str] = []
-        while not run.done:
+        while not run.done and not self.stopping:
             groups = run.next_round()
             if not groups:
                 break

@@ -40,8 +40,18 @@ class Sweeps:
         self.coordinator = coordinator
         self.results: dict[str, dict[str, BenchResult]] = {}  # session -> node -> run
         self._arrived: dict[str, asyncio.Event] = {}
+        self.stopping = False
         self.runs = 0
-        self._log = get_logger(component="sweep")
+
+    @property
+    def _log(self) -> Any:
+        return get_logger(component="sweep")  # bound late: after logging is configured
+
+    def stop(self) -> None:
+        """The coordinator is stopping: running sweeps end now with what they have."""
+        self.stopping = True
+        for arrived in self._arrived.values():
+            arrived.set()
 
     def on_result(self, event: BenchResult) -> None:
         session = event.data.sweep
@@ -106,13 +116,14 @@ class Sweeps:
                         level=level, reason=f"fleet sweep {session}", attempt=attempt,  # type: ignore[arg-type]
                         retry_of=(retry_of or {}).get(node), sweep=sweep)))
             deadline = time.monotonic() + NODE_TIMEOUT_S * (len(nodes) if turns else 1)
-            while len(self.results[session]) < len(nodes) and time.monotonic() < deadline:
+            while len(self.results[session]) < len(nodes) and time.monotonic() < deadline \
+                    and not self.stopping:
                 self._arrived[session].clear()
-                try:
+                try:  # wake at least every second to notice a stop
                     await asyncio.wait_for(self._arrived[session].wait(),
-                                           deadline - time.monotonic())
+                                           min(1.0, max(0.0, deadline - time.monotonic())))
                 except TimeoutError:
-                    break
+                    continue
         finally:
             del self._arrived[session]
             if served is not None:
@@ -173,7 +184,9 @@ class Sweeps:
                 retry_judged, retry_local = coord.judge(again[node].data, peers, spread)
                 final = decide(local=retry_local,
                                fleet=(retry_judged.outcome, retry_judged.reason),
-                               first=(decisions[node].outcome, decisions[node].reason))
+                               first=(decisions[node].outcome, decisions[node].reason),
+                               repeated=bool(set(judged[node][0].flagged)
+                                             & set(retry_judged.flagged)))
                 await self._verdict(again[node], final.outcome, final.reason, retry_judged,
                                     retried=True, out=verdicts, request_id=f"{session}-{node}")
         missing = sorted(set(nodes) - set(first)) + [f"{n} (retry)" for n in suspects

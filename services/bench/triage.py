@@ -29,14 +29,20 @@ class Decision:
 
 
 def decide(*, local: tuple[Outcome, str], fleet: tuple[Outcome, str],
-           first: tuple[Outcome, str] | None) -> Decision:
+           first: tuple[Outcome, str] | None, repeated: bool = True) -> Decision:
     """``local``: the agent's outcome (already repeated when failed);
     ``fleet``: the fleet-relative judgement; ``first``: the outcome of the run
-    this one repeats, or None for a first run."""
+    this one repeats, or None for a first run; ``repeated``: whether the
+    repeat shows the same problem (a figure or the node score flagged both
+    times) — a different symptom each time is noise, not a failing node."""
     current = worse(local[0], fleet[0])
     reasons = [why for outcome, why in (local, fleet) if outcome != "healthy"]
     reason = "; ".join(reasons) if reasons else fleet[1] or local[1]
     if first is not None:
+        if current != "healthy" and local[0] == "healthy" and not repeated:
+            return Decision("verdict", "healthy",
+                            f"transient: first run {first[0]} ({first[1]}); the retry "
+                            f"showed something else ({reason})")
         outcome, why = confirm(first, (current, reason))
         return Decision("verdict", outcome, why)
     if current == "healthy":

@@ -154,3 +154,16 @@ def test_a_retry_against_few_peers_takes_the_scatter_from_the_whole_sweep() -> N
     assert spread.figures["train_tokens_per_s"] > 0.1 > spread.figures["gemm_tflops"]
     assert judge_node(retry, helpers, policy=POLICY, spread=spread).outcome == "healthy"
     assert judge_node(run(0.9), helpers, policy=POLICY, spread=spread).outcome == "degraded"
+
+
+def test_a_retry_with_a_different_symptom_is_transient() -> None:
+    first = ("degraded", "allgather 28% below")
+    other = decide(local=("healthy", ""), fleet=("degraded", "train 25% below"), first=first,
+                   repeated=False)
+    assert other.outcome == "healthy" and "showed something else" in other.reason
+    same = decide(local=("healthy", ""), fleet=("degraded", "allgather 30% below"),
+                  first=first, repeated=True)
+    assert same.outcome == "degraded"
+    broken = decide(local=("failed", "NaN"), fleet=("healthy", ""), first=first,
+                    repeated=False)
+    assert broken.outcome == "degraded"  # the milder of the two runs, never cleared
