@@ -1,10 +1,12 @@
 """GPU management-tool readings for the bench agent's probes and the Lens sampler.
 
-Parsers are pure functions from a tool's text to ``GpuInventory``; ``probe_gpus``
-is the one entry point that looks for and runs tools. See ``model`` for units.
+Parsers are pure functions from a tool's text to ``GpuInventory`` (XGMI link
+counters, which are cumulative, to ``XgmiTotals``); ``probe_gpus`` is the one
+entry point that looks for and runs tools. See ``model`` for units.
 """
 
 from libs.gpu.amd_smi import parse_amd_smi_json, parse_amd_smi_version
+from libs.gpu.amd_smi_xgmi import XgmiTotals, parse_amd_smi_xgmi_json, xgmi_rates
 from libs.gpu.model import GpuInventory, GpuSample, ProbeResult, ToolOutputError
 from libs.gpu.nvidia_smi import QUERY_FIELDS, parse_nvidia_smi_csv, parse_nvidia_smi_xml
 from libs.gpu.rocm_smi import parse_rocm_smi, parse_rocm_smi_json, parse_rocm_smi_table
@@ -17,8 +19,10 @@ __all__ = [
     "GpuSample",
     "ProbeResult",
     "ToolOutputError",
+    "XgmiTotals",
     "parse_amd_smi_json",
     "parse_amd_smi_version",
+    "parse_amd_smi_xgmi_json",
     "parse_nvidia_smi_csv",
     "parse_nvidia_smi_xml",
     "parse_rocm_smi",
@@ -26,4 +30,5 @@ __all__ = [
     "parse_rocm_smi_table",
     "probe_gpus",
     "read_amdgpu_sysfs",
+    "xgmi_rates",
 ]
