@@ -8,31 +8,41 @@
 #   runtime (default)  the five services, no torch             -> primus-safe
 #   agent              + torch (CPU build): the bench agent      -> primus-safe-agent
 #                      and training workers on machines without GPUs
+#   agent-rocm         + AMD's ROCm torch: the bench agent on    -> primus-safe-agent-rocm
+#                      GPU nodes (what the Helm chart runs there)
 #
 #   docker build -t primus-safe .
 #   docker build --target agent -t primus-safe-agent .
+#   docker build --target agent-rocm -t primus-safe-agent-rocm \
+#       --build-arg ROCM_PYTORCH_IMAGE=rocm/pytorch:<tag> .
 #
-# ROCm build of the bench agent (what the Helm chart runs on GPU nodes):
-# start from AMD's rocm/pytorch image, whose torch is built for ROCm, and
-# install the project WITHOUT the `agent` extra, which pins the PyPI torch
-# and would replace the ROCm build with a CPU/CUDA one:
+# Every runnable stage starts `primus-safe <service>` (ENTRYPOINT primus-safe,
+# the service as the command) as the unprivileged user 10001.
 #
-#   FROM rocm/pytorch:<rocm>_<ubuntu>_<python>_pytorch_release_<version>
-#   COPY pyproject.toml README.m[d] /src/
-#   COPY libs /src/libs
-#   COPY services /src/services
-#   COPY cli /src/cli
-#   RUN python3 -m pip install --no-cache-dir /src && rm -rf /src
-#   ENTRYPOINT ["primus-safe"]
-#   CMD ["bench-agent"]
-#
-# Pick the rocm/pytorch tag whose torch matches the `agent` extra in
-# pyproject.toml, and check the result with
-#   docker run --rm --device=/dev/kfd --device=/dev/dri IMAGE health ...
-# The agent runs as root there: in Kubernetes it is privileged to reach every
-# GPU of its node (see deploy/helm/primus-safe/values.yaml, benchAgent).
+# ROCm build of the bench agent (agent-rocm): what changes from `agent`.
+#   - The base is AMD's rocm/pytorch (ROCM_PYTORCH_IMAGE), whose torch is
+#     built for ROCm (HIP) with the ROCm runtime, RCCL and amd-smi; the agent
+#     benchmarks the GPUs with that torch.
+#   - The project is installed WITHOUT the `agent` extra: its PyPI torch pin
+#     would replace the ROCm build with a CPU/CUDA one. The build fails when
+#     the base's torch is not a ROCm build. Pick a tag whose torch matches
+#     the `agent` extra in pyproject.toml, and pin it: `latest` moves.
+#   - It installs into the base image's own Python environment (no venv
+#     copy: the ROCm libraries live in that image), so the image is large.
+#   - GPU access: the device nodes /dev/kfd and /dev/dri/renderD* belong to
+#     the host's `video` and `render` groups. Locally:
+#       docker run --rm --device=/dev/kfd --device=/dev/dri \
+#         --group-add video --group-add render IMAGE bench-agent --node $(hostname)
+#     (the group names resolve inside the image; if the host's ids differ,
+#     pass the numbers: --group-add $(getent group render | cut -d: -f3)).
+#     In Kubernetes the chart runs the agent privileged, or as root without
+#     capabilities when it claims GPUs from the device plugin; it never needs
+#     the host's PID namespace (deploy/helm/primus-safe/values.yaml,
+#     benchAgent, says why).
 
 ARG PYTHON_VERSION=3.11
+# Override with a pinned tag: rocm/pytorch:rocm<ver>_ubuntu<ver>_py<ver>_pytorch_release_<ver>.
+ARG ROCM_PYTORCH_IMAGE=rocm/pytorch:latest
 
 # ---------------------------------------------------------------- build ---
 FROM python:${PYTHON_VERSION}-slim-bookworm AS build
@@ -81,6 +91,35 @@ WORKDIR /var/lib/primus-safe
 # ---------------------------------------------------------------- agent ---
 FROM runtime-base AS agent
 COPY --from=agent-build /opt/venv /opt/venv
+USER 10001:10001
+ENTRYPOINT ["primus-safe"]
+CMD ["bench-agent"]
+
+# ----------------------------------------------------------- agent-rocm ---
+FROM ${ROCM_PYTORCH_IMAGE} AS agent-rocm
+ENV PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    PIP_BREAK_SYSTEM_PACKAGES=1 \
+    PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    PRIMUS_STATE_DIR=/var/lib/primus-safe
+COPY pyproject.toml README.m[d] /src/
+COPY libs /src/libs
+COPY services /src/services
+COPY cli /src/cli
+# No `agent` extra: the base image's ROCm torch stays (see the notes above).
+RUN python3 -c "import torch, sys; sys.exit(0 if torch.version.hip else 'torch in ROCM_PYTORCH_IMAGE is not a ROCm build')" \
+ && python3 -m pip install /src \
+ && rm -rf /src \
+ && primus-safe --help >/dev/null \
+ && groupadd --system --gid 10001 primus \
+ && useradd --system --uid 10001 --gid primus --home-dir /var/lib/primus-safe \
+        --no-create-home --shell /usr/sbin/nologin primus \
+ && for group in video render; do \
+        if getent group "$group" >/dev/null; then usermod -aG "$group" primus; fi; \
+    done \
+ && install -d -o primus -g primus -m 0750 /var/lib/primus-safe
+WORKDIR /var/lib/primus-safe
 USER 10001:10001
 ENTRYPOINT ["primus-safe"]
 CMD ["bench-agent"]

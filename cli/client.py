@@ -37,7 +37,10 @@ def bus_target(settings: Settings) -> tuple[str, str | None]:
 async def connect(settings: Settings) -> Bus:
     url, token = bus_target(settings)
     try:
-        return await Bus.connect(url, "cli", token=token)
+        return await Bus.connect(
+            url, "cli", token=token, user=settings.nats_user, password=settings.nats_password,
+            tls_ca=settings.nats_tls_ca, tls_cert=settings.nats_tls_cert,
+            tls_key=settings.nats_tls_key)
     except ConnectionError as exc:
         raise CliError(f"{exc}") from None
 

@@ -154,6 +154,8 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("health", help="ask a service whether it is healthy (exit 0 if so)")
     s.add_argument("service")
     s.add_argument("--node")
+    s.add_argument("--here", action="store_true",
+                   help="ask the replica on this host (a pod's own probe), not any replica")
 
     bench_p = sub.add_parser("bench", help="node benchmarks and the fleet table")
     bsub = bench_p.add_subparsers(dest="bench_verb", required=True)
@@ -215,6 +217,9 @@ def dispatch(args: argparse.Namespace) -> int:
         return 0
     if args.verb == "health":
         node = args.node or (load_settings().node_name if args.service == "bench-agent" else None)
+        if args.here and node is None:
+            from libs.service import instance_token
+            node = instance_token()
         try:
             reply = asyncio.run(health(args.service, node))
         except CliError:

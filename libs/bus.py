@@ -13,9 +13,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import ssl
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
+from urllib.parse import quote, urlsplit, urlunsplit
 
 import nats
 import nats.errors
@@ -42,7 +45,7 @@ class StreamSpec:
     max_age_s: float
     duplicate_window_s: float = 120.0
 
-    def config(self) -> api.StreamConfig:
+    def config(self, replicas: int = 1) -> api.StreamConfig:
         return api.StreamConfig(
             name=self.name,
             subjects=list(self.subjects),
@@ -50,6 +53,7 @@ class StreamSpec:
             retention=api.RetentionPolicy.LIMITS,
             max_age=self.max_age_s,
             duplicate_window=self.duplicate_window_s,
+            num_replicas=replicas,
         )
 
 
@@ -68,9 +72,12 @@ STREAMS: tuple[StreamSpec, ...] = (CONTROL, TELEMETRY, DEADLETTER)
 # Current state, each bucket written by its owner only.
 KV_BUCKETS: dict[str, str] = {
     "nodes": "bootstrap: inventory and onboarding state per node",
+    "inventory": "bootstrap: the hosts file an operator last handed over with bootstrap apply",
     "jobs": "scheduler: job lifecycle, placement and pending reason per job",
     "faults": "failover: fault records",
     "bench": "bench-coordinator: latest bench result per node",
+    # Written with a per-message TTL (libs.leader), so a dead leader's key expires.
+    "leases": "scheduler, bench-coordinator: the leader lease per role",
 }
 
 HEALTH_SUBJECT = SUBJECT_ROOT + ".health.{service}"
@@ -120,11 +127,31 @@ class Bus:
 
     @classmethod
     async def connect(
-        cls, url: str, service: str, *, token: str | None = None, timeout_s: float = 10.0
+        cls, url: str, service: str, *, token: str | None = None, user: str | None = None,
+        password: str | None = None, tls_ca: Path | None = None, tls_cert: Path | None = None,
+        tls_key: Path | None = None, timeout_s: float = 10.0,
     ) -> Bus:
+        """Connect as ``service``: with a token (the embedded stack), or as a
+        NATS user (the chart: one per service, libs/nats_permissions.py), and
+        over TLS when a CA or a client certificate is given."""
         async def _error(exc: Exception) -> None:
             get_logger(component="bus").warning("nats error", error=str(exc))
 
+        tls: ssl.SSLContext | None = None
+        if tls_ca or tls_cert:
+            if bool(tls_cert) != bool(tls_key):
+                raise ConnectionError("PRIMUS_NATS_TLS_CERT and PRIMUS_NATS_TLS_KEY go "
+                                      "together: set both (a client certificate) or neither")
+            try:
+                tls = ssl.create_default_context(ssl.Purpose.SERVER_AUTH,
+                                                 cafile=str(tls_ca) if tls_ca else None)
+                if tls_cert and tls_key:
+                    tls.load_cert_chain(str(tls_cert), str(tls_key))
+            except (OSError, ssl.SSLError) as exc:
+                raise ConnectionError(
+                    f"cannot load the NATS TLS files (PRIMUS_NATS_TLS_CA {tls_ca}, "
+                    f"PRIMUS_NATS_TLS_CERT {tls_cert}, PRIMUS_NATS_TLS_KEY {tls_key}): {exc}; "
+                    "point them at readable PEM files") from exc
         try:
             # Reconnects forever once connected, but the first connection
             # must succeed within timeout_s so a wrong URL fails loudly.
@@ -132,6 +159,9 @@ class Bus:
                 url,
                 name=service,
                 token=token,
+                user=user,
+                password=password,
+                tls=tls,
                 connect_timeout=2,
                 max_reconnect_attempts=-1,
                 reconnect_time_wait=0.5,
@@ -143,19 +173,32 @@ class Bus:
                 f"cannot reach NATS at {url}: {exc}; start it (primus-safe up) "
                 "or set PRIMUS_NATS_URL"
             ) from exc
-        return cls(nc, service, url=url, token=token)
+        # The hot consumer's lean connection (libs.natsfast) speaks plain TCP
+        # and takes a user from the URL: no fast path over TLS.
+        fast_url: str | None = url
+        if tls is not None:
+            fast_url = None
+        elif user:
+            auth = user + (f":{password}" if password else "")
+            parts = urlsplit(url)
+            # natsfast reads the user from the URL as is: only safe characters.
+            fast_url = None if quote(auth, safe=":") != auth else urlunsplit(parts._replace(
+                netloc=f"{auth}@{parts.hostname}" + (f":{parts.port}" if parts.port else "")))
+        return cls(nc, service, url=fast_url, token=token)
 
-    async def ensure_topology(self) -> None:
-        """Declare streams and KV buckets; safe to call from every service."""
+    async def ensure_topology(self, replicas: int = 1) -> None:
+        """Declare streams and KV buckets; safe to call from every service.
+        ``replicas``: copies of each on a NATS cluster (3 survives the loss of
+        a server); a running stream is moved to the new count by its update."""
         for spec in STREAMS:
             try:
-                await self.js.add_stream(spec.config())
+                await self.js.add_stream(spec.config(replicas))
             except nats.js.errors.BadRequestError:
-                await self.js.update_stream(spec.config())
+                await self.js.update_stream(spec.config(replicas))
         for bucket, description in KV_BUCKETS.items():
             await self.js.create_key_value(
                 api.KeyValueConfig(bucket=bucket, description=description, history=5,
-                                   storage=api.StorageType.FILE)
+                                   storage=api.StorageType.FILE, replicas=replicas)
             )
 
     async def kv(self, bucket: str) -> KeyValue:
@@ -397,8 +440,9 @@ class Bus:
     async def serve(
         self, subject: str, handler: Callable[[dict[str, Any]], Awaitable[dict[str, Any]]],
         *, queue: str = "",
-    ) -> None:
-        """Answer JSON requests on a core NATS subject (health, queries)."""
+    ) -> Any:
+        """Answer JSON requests on a core NATS subject (health, queries);
+        returns the subscription (unsubscribe it to stop answering)."""
 
         async def _on(msg: Msg) -> None:
             try:
@@ -411,7 +455,7 @@ class Bus:
             if msg.reply:
                 await msg.respond(json.dumps(reply, default=str).encode())
 
-        await self.nc.subscribe(subject, queue=queue, cb=_on)
+        return await self.nc.subscribe(subject, queue=queue, cb=_on)
 
     async def request(
         self, subject: str, body: dict[str, Any] | None = None, timeout_s: float = 5.0

@@ -1,6 +1,7 @@
 """Writes the event contract as data into ``proto/``: a JSON Schema per event
-type and an AsyncAPI 3.0 document naming every channel (subject pattern),
-its stream and its message. Run ``make proto``; ``tests/test_proto.py`` fails
+type, an AsyncAPI 3.0 document naming every channel (subject pattern), its
+stream and its message, and the hosts file's JSON Schema (the one input file
+other tools write for us). Run ``make proto``; ``tests/test_proto.py`` fails
 when the files drift from the models."""
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import Any
 
 from libs.bus import STREAMS
 from libs.events import EVENT_TYPES, SUBJECT_ROOT, Event, event_type_name
+from libs.inventory import render_hosts_schema
 
 
 def _channel_address(cls: type[Event]) -> str:
@@ -87,6 +89,7 @@ def render() -> dict[str, str]:
     files = {f"schemas/{name}.json": json.dumps(schema, indent=2, sort_keys=True) + "\n"
              for name, schema in schemas().items()}
     files["asyncapi.json"] = json.dumps(asyncapi(), indent=2, sort_keys=True) + "\n"
+    files["hosts.schema.json"] = render_hosts_schema()
     return files
 
 

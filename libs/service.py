@@ -9,7 +9,9 @@ folder only holds its own wiring around its pure core.
 from __future__ import annotations
 
 import asyncio
+import re
 import signal
+import socket
 import time
 from typing import Any, Protocol
 
@@ -32,6 +34,12 @@ def health_subject(service: str, node: str | None = None) -> str:
     return HEALTH_SUBJECT.format(service=service) + (f".{node}" if node else "")
 
 
+def instance_token() -> str:
+    """This process's host name as a subject token (the pod name in
+    Kubernetes): where a replica answers for itself alone."""
+    return re.sub(r"[^A-Za-z0-9_-]", "_", socket.gethostname()) or "host"
+
+
 async def run_service(service: Service, settings: Settings, *, node: str | None = None) -> int:
     log = configure(service.name, settings.log_level, node=node)
     stop = asyncio.Event()
@@ -40,12 +48,15 @@ async def run_service(service: Service, settings: Settings, *, node: str | None 
         loop.add_signal_handler(sig, stop.set)
 
     try:
-        bus = await Bus.connect(settings.nats_url, service.name, token=settings.nats_token)
+        bus = await Bus.connect(
+            settings.nats_url, service.name, token=settings.nats_token, user=settings.nats_user,
+            password=settings.nats_password, tls_ca=settings.nats_tls_ca,
+            tls_cert=settings.nats_tls_cert, tls_key=settings.nats_tls_key)
     except ConnectionError as exc:
         log.error("cannot start", error=str(exc))
         return 2
     started = time.monotonic()
-    await bus.ensure_topology()
+    await bus.ensure_topology(settings.nats_replicas)
 
     async def _health(_: dict[str, Any]) -> dict[str, Any]:
         return {
@@ -60,6 +71,10 @@ async def run_service(service: Service, settings: Settings, *, node: str | None 
         }
 
     await bus.serve(health_subject(service.name, node), _health)
+    if node is None:
+        # Replicas share the service's subject (any one answers); a pod's own
+        # probe must reach that pod, so each also answers on its host name.
+        await bus.serve(health_subject(service.name, instance_token()), _health)
     try:
         await service.start(bus)
     except Exception as exc:

@@ -22,6 +22,19 @@ class Settings(BaseSettings):
 
     nats_url: str = "nats://127.0.0.1:4222"
     nats_token: str | None = Field(default=None, description="NATS auth token (a secret)")
+    nats_user: str | None = Field(
+        default=None, description="NATS user (one per service, libs/nats_permissions.py)")
+    nats_password: str | None = Field(
+        default=None, description="the NATS user's password (a secret)")
+    nats_tls_ca: Path | None = Field(
+        default=None, description="CA bundle that signed the NATS server's certificate")
+    nats_tls_cert: Path | None = Field(
+        default=None, description="client certificate for NATS (mutual TLS)")
+    nats_tls_key: Path | None = Field(
+        default=None, description="the client certificate's private key")
+    nats_replicas: int = Field(
+        default=1, ge=1, le=5,
+        description="copies of every stream and KV bucket (3 on a 3-server NATS cluster)")
     clickhouse_dsn: str = Field(
         default="",
         description="chdb:///abs/path for the in-process engine or http(s)://user:pw@host:8123; "
@@ -50,6 +63,15 @@ class Settings(BaseSettings):
         default=None, description="failover: fault rules and infrastructure exit codes (YAML)")
     scheduler_config: Path | None = Field(
         default=None, description="scheduler: workspaces, priorities, preemption (YAML)")
+    leader_ttl_s: int = Field(
+        default=15, ge=2,
+        description="scheduler, bench-coordinator: seconds a leader's lease lives without "
+        "renewal (whole seconds, as NATS keeps message TTLs); a standby takes over within it")
+    leader_id: str | None = Field(
+        default=None,
+        description="scheduler, bench-coordinator: this replica's name in the leader lease; "
+        "unique per live replica, stable across its restarts (default: host name plus "
+        "state_dir; the chart uses the pod name)")
     settings_file: Path | None = None
 
     @classmethod

@@ -25,3 +25,18 @@ def test_asyncapi_names_a_stream_for_every_channel() -> None:
     assert doc["asyncapi"].startswith("3.")
     assert all(ch["x-stream"] in {"CONTROL", "TELEMETRY"} for ch in doc["channels"].values())
     assert doc["channels"]["node_heartbeat"]["address"] == "safe.node.{node}.heartbeat"
+
+
+def test_hosts_schema_is_published_with_the_contract() -> None:
+    """`make proto` writes the hosts file's JSON Schema next to the events;
+    the drift check above covers it, this pins where and what it is."""
+    import json
+
+    from libs.inventory import HostsFile
+
+    text = render()["hosts.schema.json"]
+    assert (ROOT / "proto" / "hosts.schema.json").read_text() == text
+    schema = json.loads(text)
+    assert schema["$id"].endswith("/proto/hosts.schema.json")
+    assert set(schema["properties"]) == set(HostsFile.model_fields)
+    assert {"HostSpec", "KubernetesSettings"} <= set(schema["$defs"])

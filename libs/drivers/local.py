@@ -182,21 +182,46 @@ class LocalDriver:
             worker = _Worker(job, int(attempt), int(rank), pid_file.parent.name, pid, pid_file,
                              self._exit_file(job, int(attempt), int(rank)))
             self._workers.setdefault(job, []).append(worker)
-            # The old driver may have died before announcing the start: say it
-            # (again; the same event id makes a repeat a no-op).
-            await self._announce_start(worker)
+            # The old driver may have died before announcing the start: say
+            # it then. Not again otherwise: JetStream forgets an id after its
+            # de-duplication window, and a worker outlives that.
+            if not self._announced_file(worker).exists():
+                await self._announce_start(worker)
             worker.watcher = asyncio.create_task(self._watch(worker))
             adopted += 1
         return adopted
 
+    async def _emit(self, event: WorkerStarted | WorkerExited) -> None:
+        """Publish until it is out. A bus outage longer than a request waits
+        must not lose a worker's start or exit (the scheduler holds a gang
+        until every rank's exit is known), nor kill the watcher that owns
+        the pid file; the event id makes a repeat that got through a no-op."""
+        delay = 0.25
+        while True:
+            try:
+                await self.sink(event)
+                return
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                self._log.warning("publish failed; retrying", event_id=event.id, error=repr(exc))
+                await asyncio.sleep(delay)
+                delay = min(5.0, delay * 2)
+
+    def _announced_file(self, worker: _Worker) -> Path:
+        return self.state_dir / "announced" / f"{worker.job}-a{worker.attempt}-r{worker.rank}"
+
     async def _announce_start(self, worker: _Worker) -> None:
-        await self.sink(
+        await self._emit(
             WorkerStarted(
                 id=f"{worker.job}-a{worker.attempt}-r{worker.rank}-started",
                 source=self.source, job=worker.job, node=worker.node,
                 data=WorkerStartedData(attempt=worker.attempt, rank=worker.rank, pid=worker.pid),
             )
         )
+        announced = self._announced_file(worker)
+        announced.parent.mkdir(parents=True, exist_ok=True)
+        announced.touch()
 
     async def _watch(self, worker: _Worker) -> None:
         if worker.proc is not None:
@@ -215,7 +240,7 @@ class LocalDriver:
                        exit_code=code)
         if not worker.exit_file.exists():
             write_exit(worker.exit_file, code)  # so a relaunch knows this rank ran
-        await self.sink(
+        await self._emit(
             WorkerExited(
                 id=f"{worker.job}-a{worker.attempt}-r{worker.rank}-exited",
                 source=self.source, job=worker.job, node=worker.node,

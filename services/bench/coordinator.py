@@ -8,10 +8,17 @@ It also pairs a node with a known-healthy partner for the full level's
 multi-node test, runs the binary-split search for the bad node(s) of a
 failing multi-node collective (``multinode``), and answers the fleet report.
 Decisions are in ``triage``, ``fleet`` and ``split_search``; this is I/O.
+
+Replicas elect a leader (``libs.leader``, role ``bench-coordinator``): only
+the leader loads the bucket, consumes results and answers requests; a
+standby answers health with ``role: standby`` and takes over from the
+bucket when the leader's lease ends.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import time
 from typing import Any
@@ -29,6 +36,7 @@ from libs.events import (
     Figure,
     parse_event,
 )
+from libs.leader import LeaderElection, NotLeader, follow, holder_name
 from libs.logs import get_logger
 from libs.settings import Settings
 from services.bench.config import ConfigFile
@@ -81,30 +89,81 @@ class BenchCoordinator:
         self.sweeps = Sweeps(self)
         self.retries = 0
         self.verdicts = 0
+        self.election: LeaderElection | None = None
+        self._term: int | None = None
+        self._term_bus: Bus | None = None  # the leader's consumer
+        self._subs: list[Any] = []  # the leader's request subscriptions
+        self._follow_task: asyncio.Task[None] | None = None
         self._log = get_logger()
 
     async def start(self, bus: Bus) -> None:
         self.bus = bus
         self._log = get_logger()  # bound after run_service configured logging
         self.kv = await bus.kv("bench")
+        self.election = LeaderElection(
+            bus, "bench-coordinator", ttl_s=self.settings.leader_ttl_s,
+            holder=holder_name(self.settings.leader_id, self.settings.state_dir))
+        await self.election.start()
+        self._follow_task = await follow(self.election, lead=self._lead,
+                                         abdicate=self._abdicate)
+
+    async def _lead(self, term: int) -> None:
+        """Elected: load every node's record, then consume and answer."""
+        assert self.bus is not None and self.kv is not None
+        self._log.info("leading", term=term)
+        self._term = term
+        self.latest = {}
         try:
             for key in await self.kv.keys():
                 self.latest[key] = _migrate(key, json.loads((await self.kv.get(key)).value))
         except NoKeysError:
             pass
+        bus = self.bus
         self.multinode = MultiNode(bus, self.config, self.latest, SOURCE)
-        bus.consume(durable="bench-coordinator", subjects=["safe.bench.*.result"],
-                    stream=CONTROL, handler=self._on_result)
-        await bus.serve(REPORT_SUBJECT, self._report, queue="bench-coordinator")
-        await bus.serve(PAIR_SUBJECT, self.multinode.pair, queue="bench-coordinator")
-        await bus.serve(SEARCH_SUBJECT, self.multinode.search, queue="bench-coordinator")
-        await bus.serve(SWEEP_SUBJECT, self.sweeps.run, queue="bench-coordinator")
-        await bus.nc.subscribe(SHARE_SUBJECT.format(session="*"), cb=self._on_share)
+        self.sweeps = Sweeps(self)
+        term_bus = Bus(bus.nc, bus.service, url=bus.url, token=bus.token)
+        term_bus.stats = bus.stats  # counted in the service's health
+        self._term_bus = term_bus
+        term_bus.consume(durable="bench-coordinator", subjects=["safe.bench.*.result"],
+                         stream=CONTROL, handler=self._on_result)
+        self._subs = [
+            await bus.serve(REPORT_SUBJECT, self._report, queue="bench-coordinator"),
+            await bus.serve(PAIR_SUBJECT, self.multinode.pair, queue="bench-coordinator"),
+            await bus.serve(SEARCH_SUBJECT, self.multinode.search, queue="bench-coordinator"),
+            await bus.serve(SWEEP_SUBJECT, self.sweeps.run, queue="bench-coordinator"),
+            await bus.nc.subscribe(SHARE_SUBJECT.format(session="*"), cb=self._on_share),
+        ]
+
+    async def _abdicate(self, reason: str) -> None:
+        self._log.warning("standing by", reason=reason, term=self._term)
+        self._term = None
+        await self._stop_acting()
+
+    async def _stop_acting(self) -> None:
+        for sub in self._subs:
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
+        self._subs = []
+        if self._term_bus is not None:
+            await self._term_bus.stop_consuming()
+            self._term_bus = None
+        # A sweep or search in progress holds a request handler; end it so the
+        # connection can drain and the service exits.
+        self.sweeps.stop()
+        if self.multinode is not None:
+            self.multinode.stop()
+
+    def _fence(self) -> None:
+        """Raise NotLeader unless this replica still leads the term it loaded."""
+        assert self.election is not None
+        if self.election.check() != self._term:
+            raise NotLeader(f"term {self._term} is over")
 
     # ------------------------------------------------------------------ results
 
     async def _on_result(self, event: Event) -> None:
         assert isinstance(event, BenchResult) and self.multinode is not None
+        self._fence()  # a deposed leader's last batch goes back for the new leader
         data = event.data
         if data.judged_by == "coordinator":
             return  # our own verdict
@@ -186,6 +245,7 @@ class BenchCoordinator:
                           repeated=repeated)
         request_id = data.retry_of or data.request_id or event.id
         if decision.action == "retry":
+            self._fence()
             await self.bus.publish(BenchRequest(
                 id=f"{request_id}-retry", source=SOURCE, node=event.node,
                 data=BenchRequestData(level=data.level, reason=f"retry: {decision.reason}",
@@ -210,6 +270,7 @@ class BenchCoordinator:
         if judged.score is not None and judged.score_median:
             figures.append(Figure(name="node_score_vs_fleet", unit="ratio",
                                   value=round(judged.score / judged.score_median, 4)))
+        self._fence()
         await self.bus.publish(BenchResult(
             id=f"{request_id}-verdict", source=SOURCE, node=event.node,
             data=BenchResultData(
@@ -229,6 +290,7 @@ class BenchCoordinator:
 
     async def save(self, node: str, record: dict[str, Any]) -> None:
         assert self.kv is not None
+        self._fence()
         value = json.dumps(record).encode()
         try:
             entry = await self.kv.get(node)
@@ -268,13 +330,16 @@ class BenchCoordinator:
         return {"ok": True, "rows": self.report()}
 
     async def stop(self) -> None:
-        # A sweep or search in progress holds a request handler; end it so the
-        # connection can drain and the service exits.
-        self.sweeps.stop()
-        if self.multinode is not None:
-            self.multinode.stop()
+        if self._follow_task is not None:
+            self._follow_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._follow_task
+        await self._stop_acting()
+        if self.election is not None:  # hand the lease over at once
+            await self.election.stop(release=True)
 
     def health(self) -> dict[str, Any]:
+        leadership = self.election.describe() if self.election is not None else {}
         return {"nodes_with_results": len(self.latest), "retries": self.retries,
                 "verdicts": self.verdicts, "sweeps": self.sweeps.runs,
-                "config_error": self.config.error}
+                "config_error": self.config.error, **leadership}

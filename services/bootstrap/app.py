@@ -7,7 +7,10 @@ faults into node states through the onboarding state machine. It owns the
 Re-applying a hosts file emits only the differences (see plan.diff_nodes). A
 node that left the file is set ``draining`` (the scheduler moves its jobs
 away), and only once the ``jobs`` bucket shows nothing running on it is it
-removed: no job loses its node under it.
+removed: no job loses its node under it. On a cluster the platform built,
+``primus-safe bootstrap apply`` hands the edited file over (request-reply,
+see protocol.py), waits for the drain, runs Kubespray's remove-node.yml, and
+only then asks for the removal: ``node.removed`` means gone from Kubernetes.
 """
 
 from __future__ import annotations
@@ -41,7 +44,8 @@ from libs.logs import get_logger
 from libs.settings import Settings
 from libs.specs import load_model
 from services.bootstrap.onboarding import State, Trigger, step
-from services.bootstrap.plan import busy_jobs, diff_nodes
+from services.bootstrap.plan import NodeChange, busy_jobs, diff_nodes
+from services.bootstrap.protocol import APPLY_SUBJECT, REMOVE_BY_KUBESPRAY, REMOVE_SUBJECT
 
 SOURCE = "bootstrap"
 
@@ -52,6 +56,10 @@ def registration_id(host: HostSpec) -> str:
     exclude = {"ssh_key"} if host.ssh_key is None else None
     digest = hashlib.sha256(host.model_dump_json(exclude=exclude).encode()).hexdigest()[:16]
     return f"reg-{host.name}-{digest}"
+
+
+# Key in the ``inventory`` bucket of the hosts file ``bootstrap apply`` handed over.
+HANDED_OVER_KEY = "hosts"
 
 
 class Bootstrap:
@@ -66,9 +74,14 @@ class Bootstrap:
             self.hosts = load_model(settings.hosts_file, HostsFile)
         self.bus: Bus | None = None
         self.kv: KeyValue | None = None
+        self.inventory: KeyValue | None = None
         self.nodes: dict[str, dict[str, Any]] = {}
+        self._boot = self.hosts  # the file this process was started with
         self.drain_poll_s = drain_poll_s
         self._drains: dict[str, asyncio.Task[None]] = {}
+        # Requests, bus events and drains all change self.nodes and the
+        # bucket: one at a time, so a revision check never fails on ourselves.
+        self._lock = asyncio.Lock()
         self._log = get_logger()
 
     async def start(self, bus: Bus) -> None:
@@ -77,8 +90,12 @@ class Bootstrap:
         for key in await _keys(self.kv):
             entry = await self.kv.get(key)
             self.nodes[key] = json.loads(entry.value)
+        self.inventory = await bus.kv("inventory")
+        self.hosts = await self._current_hosts(self.hosts)
         if self.hosts is not None:
             await self.apply(self.hosts)
+        await bus.serve(APPLY_SUBJECT, self._on_apply_request)
+        await bus.serve(REMOVE_SUBJECT, self._on_remove_request)
         bus.consume(
             durable="bootstrap",
             subjects=["safe.bench.*.result", "safe.fault.*.opened"],
@@ -94,19 +111,57 @@ class Bootstrap:
             handler=self._on_event,
         )
 
-    async def apply(self, hosts: HostsFile) -> None:
-        """Register what is new or changed, drain what left; nothing else."""
+    async def apply(self, hosts: HostsFile, *, remove_with: str | None = None) -> list[NodeChange]:
+        """Register what is new or changed, drain what left; nothing else.
+        With ``remove_with="kubespray"`` a drained node waits for
+        ``remove()`` (after remove-node.yml) instead of going at once."""
         assert self.bus is not None
         recorded = {name: HostSpec.model_validate(r["spec"]) for name, r in self.nodes.items()}
         specs = {h.name: h for h in hosts.nodes}
-        for change in diff_nodes(recorded, hosts):
+        changes = diff_nodes(recorded, hosts)
+        for change in changes:
             if change.action == "remove":
-                await self._start_drain(change.node)
+                await self._start_drain(change.node, remove_with)
             else:
                 await self._register(specs[change.node], provision=hosts.provisioned)
         for host in hosts.nodes:  # unchanged but draining (re-added): onboard again
             if self.nodes[host.name]["state"] == "draining":
                 await self._register(host, provision=hosts.provisioned, again=new_event_id())
+        return changes
+
+    async def _on_apply_request(self, request: dict[str, Any]) -> dict[str, Any]:
+        """``bootstrap apply`` hands over an edited file; it is validated in
+        full before anything changes (a bad one is refused, nothing moves)."""
+        hosts = HostsFile.model_validate(request.get("hosts"))
+        remove_with = request.get("remove_with")
+        if remove_with not in (None, REMOVE_BY_KUBESPRAY):
+            raise ValueError(f"remove_with {remove_with!r}: use null or {REMOVE_BY_KUBESPRAY!r}")
+        async with self._lock:
+            changes = await self.apply(hosts, remove_with=remove_with)
+            await self._keep_handed_over(hosts)
+        self.hosts = hosts
+        return {"ok": True, "changes": [{"node": c.node, "action": c.action,
+                                         "fields": list(c.fields)} for c in changes]}
+
+    async def _on_remove_request(self, request: dict[str, Any]) -> dict[str, Any]:
+        """Kubespray removed these nodes: publish node.removed for each one
+        that is drained; refuse (and say why) any that is not."""
+        nodes = request.get("nodes")
+        if not isinstance(nodes, list):
+            raise ValueError("nodes: give a list of node names")
+        reason = str(request.get("reason") or "removed by Kubespray remove-node.yml")
+        removed, refused = [], {}
+        async with self._lock:
+            for node in nodes:
+                record = self.nodes.get(node)
+                if record is None:
+                    removed.append(node)  # already gone: a retried request is fine
+                elif record["state"] != "draining" or not record.get("drained"):
+                    refused[node] = f"state {record['state']}, not drained: jobs may still run"
+                else:
+                    await self._remove(node, reason)
+                    removed.append(node)
+        return {"ok": not refused, "removed": removed, "refused": refused}
 
     async def _register(self, host: HostSpec, *, provision: bool,
                         again: str | None = None) -> None:
@@ -141,8 +196,13 @@ class Bootstrap:
                                   expected_devices=record["spec"]["gpu_count"]),
         ))
 
-    async def _start_drain(self, node: str) -> None:
-        if node not in self._drains:
+    async def _start_drain(self, node: str, remove_with: str | None = None) -> None:
+        record = self.nodes[node]
+        if record["state"] in ("registered", "provisioning"):
+            remove_with = None  # never joined Kubernetes: nothing for remove-node.yml to do
+        if record.get("remove_by") != remove_with:
+            await self._save(node, {**record, "remove_by": remove_with})
+        if node not in self._drains and not self.nodes[node].get("drained"):
             await self._set_state(node, "drain_requested", "removed from the hosts file; "
                                   "moving its jobs away")
             self._drains[node] = asyncio.create_task(self._finish_drain(node))
@@ -152,23 +212,41 @@ class Bootstrap:
         that is not ready), then remove it."""
         assert self.bus is not None
         jobs_kv = await self.bus.kv("jobs")
+        shown: list[str] = []
         while busy := busy_jobs(await _records(jobs_kv), node):
-            self._log.info("draining", node=node, jobs=busy)
+            if busy != shown:  # say it when it changes, not every poll
+                self._log.info("draining", node=node, jobs=busy)
+                shown = busy
             await asyncio.sleep(self.drain_poll_s)
-        record = self.nodes.get(node)
-        if record is None or record["state"] != "draining":
-            return  # re-added meanwhile
+        async with self._lock:
+            self._drains.pop(node, None)
+            record = self.nodes.get(node)
+            if record is None or record["state"] != "draining":
+                return  # re-added meanwhile
+            if record.get("remove_by") == REMOVE_BY_KUBESPRAY:
+                # Still a Kubernetes node: bootstrap apply runs remove-node.yml next.
+                await self._save(node, {**record, "drained": True,
+                                        "reason": "drained; waiting for remove-node.yml"})
+                self._log.info("node drained", node=node)
+                return
+            await self._remove(node, "removed from the hosts file")
+
+    async def _remove(self, node: str, reason: str) -> None:
+        assert self.bus is not None and self.kv is not None
+        record = self.nodes[node]
         await self.bus.publish(NodeRemoved(
             id=f"{node}-removed-{record['registration']}", source=SOURCE, node=node,
-            data=NodeRemovedData(reason="removed from the hosts file"),
+            data=NodeRemovedData(reason=reason),
         ))
-        assert self.kv is not None
         await self.kv.delete(node)
         self.nodes.pop(node, None)
-        self._drains.pop(node, None)
-        self._log.info("node removed", node=node)
+        self._log.info("node removed", node=node, reason=reason)
 
     async def _on_event(self, event: Event) -> None:
+        async with self._lock:
+            await self._handle(event)
+
+    async def _handle(self, event: Event) -> None:
         if event.node not in self.nodes:
             self._log.warning("event for unknown node", node=event.node, type=event.type)
             return
@@ -215,6 +293,29 @@ class Bootstrap:
         await self._save(node, {**record, "state": new, "reason": moved.reason})
         self._log.info("node state", node=node, state=new, reason=moved.reason)
 
+    async def _current_hosts(self, boot: HostsFile | None) -> HostsFile | None:
+        """The file to apply at start: the one last handed over by ``bootstrap
+        apply`` while this same boot file was in force, else the boot file.
+        Without this a restart would re-apply the boot file and undo every
+        edit since (re-register removed nodes); a changed boot file (a new
+        chart release) is a newer word and wins."""
+        assert self.inventory is not None
+        try:
+            kept = json.loads((await self.inventory.get(HANDED_OVER_KEY)).value)
+        except (KeyNotFoundError, ValueError):
+            return boot
+        if kept.get("boot") != _identity(boot):
+            return boot
+        hosts = HostsFile.model_validate(kept["hosts"])
+        self._log.info("applying the hosts file last handed over", nodes=len(hosts.nodes))
+        return hosts
+
+    async def _keep_handed_over(self, hosts: HostsFile) -> None:
+        """Durable before the reply: the hand-over survives a restart."""
+        assert self.inventory is not None
+        record = {"hosts": hosts.model_dump(mode="json"), "boot": _identity(self._boot)}
+        await self.inventory.put(HANDED_OVER_KEY, json.dumps(record).encode())
+
     async def _save(self, node: str, record: dict[str, Any]) -> None:
         assert self.kv is not None
         value = json.dumps(record).encode()
@@ -234,6 +335,13 @@ class Bootstrap:
         for record in self.nodes.values():
             states[record["state"]] = states.get(record["state"], 0) + 1
         return {"nodes": len(self.nodes), "states": states}
+
+
+def _identity(hosts: HostsFile | None) -> str | None:
+    """A hosts file's fingerprint: which boot file a hand-over was made under."""
+    if hosts is None:
+        return None
+    return hashlib.sha256(hosts.model_dump_json().encode()).hexdigest()
 
 
 async def _records(kv: KeyValue) -> list[dict[str, Any]]:

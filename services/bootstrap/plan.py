@@ -75,8 +75,12 @@ def diff_cluster(old: HostsFile | None, new: HostsFile) -> dict[str, tuple[Any, 
 
 
 def make_plan(old: HostsFile | None, new: HostsFile, *, old_files: dict[str, str],
-              new_files: dict[str, str]) -> Plan:
-    recorded = {h.name: h for h in old.nodes} if old is not None else {}
+              new_files: dict[str, str], live: dict[str, HostSpec] | None = None) -> Plan:
+    """``live`` (the nodes bootstrap knows, from its ``nodes`` bucket) wins
+    over the last applied file for nodes: it is what the platform acts on.
+    Cluster settings are not in the bucket, so they come from ``old``."""
+    recorded = live if live is not None else (
+        {h.name: h for h in old.nodes} if old is not None else {})
     return Plan(nodes=tuple(diff_nodes(recorded, new)),
                 files=tuple(diff_files(old_files, new_files)),
                 cluster=diff_cluster(old, new))

@@ -20,7 +20,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from libs.inventory import HostsFile
+from libs.inventory import HostsFile, HostSpec
 from services.bootstrap.plan import Plan, make_plan
 from services.bootstrap.render import render
 
@@ -56,12 +56,27 @@ class Workspace:
                 if p.suffix in (".yaml", ".yml") and p.name != APPLIED}
 
 
-def plan_for(hosts: HostsFile, root: Path) -> tuple[Plan, dict[str, str]]:
-    """The plan against what ``root`` holds, and the files it would write."""
+def plan_for(hosts: HostsFile, root: Path, *, live: dict[str, HostSpec] | None = None
+             ) -> tuple[Plan, dict[str, str]]:
+    """The plan against what ``root`` holds (nodes against ``live`` when
+    given), and the files it would write."""
     ws = Workspace(root, hosts.cluster)
     files = render(hosts)
     return make_plan(ws.last_applied(), hosts, old_files=ws.rendered_files(),
-                     new_files=files), files
+                     new_files=files, live=live), files
+
+
+def write_removal_inventory(hosts: HostsFile, leaving: list[HostSpec], where: Path) -> Path:
+    """An inventory of ``hosts`` plus the nodes leaving, in ``where``:
+    Kubespray's remove-node.yml must find the node in the inventory it runs
+    with. Not validated again: the leaving nodes may break checks (an even
+    etcd count) that only the new file has to pass."""
+    with_leaving = HostsFile.model_construct(
+        **{**dict(hosts), "nodes": [*hosts.nodes, *leaving]})
+    for rel, text in render(with_leaving).items():
+        (where / rel).parent.mkdir(parents=True, exist_ok=True)
+        (where / rel).write_text(text)
+    return where / "inventory" / hosts.cluster / "hosts.yaml"
 
 
 def write_files(root: Path, plan: Plan, files: dict[str, str]) -> None:
@@ -110,15 +125,40 @@ _SHOWN = {"runner_on_ok", "runner_on_failed", "runner_on_unreachable", "runner_o
           "playbook_on_task_start"}
 
 
+def _envvars() -> dict[str, str]:
+    bin_dir = str(Path(sys.executable).parent)
+    return {"PATH": f"{bin_dir}:{os.environ.get('PATH', '')}",
+            "ANSIBLE_HOST_KEY_CHECKING": "False"}
+
+
+def probe_unreachable(*, inventory: Path, nodes: list[str],
+                      extravars: dict[str, Any] | None = None) -> list[str]:
+    """The nodes Ansible cannot reach (an ad-hoc ``ping`` through
+    ansible-runner): remove-node.yml must not try to reset those."""
+    import ansible_runner
+
+    if not nodes:
+        return []
+    private = Path(tempfile.mkdtemp(prefix="primus-ansible-"))
+    try:
+        runner = ansible_runner.run(
+            private_data_dir=str(private), host_pattern=",".join(nodes), module="ping",
+            inventory=str(inventory.resolve()), extravars=extravars or {}, quiet=True,
+            envvars=_envvars())
+        stats = runner.stats or {}
+        return sorted(set(stats.get("dark", {})) & set(nodes))
+    finally:
+        shutil.rmtree(private, ignore_errors=True)
+
+
 def run_playbook(*, project_dir: Path, playbook: str, inventory: Path,
                  on_progress: Callable[[Progress], None],
-                 extravars: dict[str, Any] | None = None) -> ProvisionResult:
+                 extravars: dict[str, Any] | None = None,
+                 limit: str | None = None) -> ProvisionResult:
     """Run ``playbook`` (relative to ``project_dir``, e.g. Kubespray's
     cluster.yml) against ``inventory`` through ansible-runner, streaming
     progress; the private data dir is temporary so runs never share state."""
     import ansible_runner  # heavy; only ``apply`` needs it
-
-    bin_dir = str(Path(sys.executable).parent)
 
     def handler(event: dict[str, Any]) -> bool:
         if event.get("event") in _SHOWN:
@@ -131,9 +171,8 @@ def run_playbook(*, project_dir: Path, playbook: str, inventory: Path,
         runner = ansible_runner.run(
             private_data_dir=str(private), project_dir=str(project_dir),
             playbook=playbook, inventory=str(inventory.resolve()),
-            extravars=extravars or {}, quiet=True, event_handler=handler,
-            envvars={"PATH": f"{bin_dir}:{os.environ.get('PATH', '')}",
-                     "ANSIBLE_HOST_KEY_CHECKING": "False"},
+            extravars=extravars or {}, quiet=True, event_handler=handler, limit=limit,
+            envvars=_envvars(),
         )
         stats = runner.stats or {}
         failed = set(stats.get("failures", {})) | set(stats.get("dark", {}))

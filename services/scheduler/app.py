@@ -11,6 +11,13 @@ Records change before events are published ("assume, then persist"): a
 placement is written to KV, then announced, then launched, so a crash at any
 point leaves a state a restart can finish (the driver's launch is
 idempotent per attempt and rank).
+
+Replicas elect a leader (``libs.leader``, role ``scheduler``): only the
+leader rebuilds, consumes and places; a standby only campaigns and answers
+health with ``role: standby``. Every effect first checks that this replica
+still leads the term its records belong to, and every job record carries
+that term (``leader_term``): a record written by a newer term is never
+overwritten by an older one.
 """
 
 from __future__ import annotations
@@ -45,6 +52,7 @@ from libs.events import (
     WorkerExited,
     WorkerSlot,
 )
+from libs.leader import LeaderElection, NotLeader, follow, holder_name
 from libs.logs import get_logger
 from libs.settings import Settings
 from services.scheduler import config as scheduler_config
@@ -70,8 +78,17 @@ class Scheduler:
         self.workspaces = self.config.workspace_policies()
         self.state = SchedulerState()
         self.driver = driver
+        # A driver of our own is made anew each term: a detached one may not
+        # restart (the Kubernetes driver's pod watch does not).
+        self._own_driver = driver is None
+        self._driver_used = False
         self.bus: Bus | None = None
         self.kv: KeyValue | None = None
+        self.election: LeaderElection | None = None
+        self._term: int | None = None  # the term this replica's records belong to
+        self._old_terms = 0  # the newest term found in the records at the rebuild
+        self._term_bus: Bus | None = None  # the leader's consumer, dropped on losing the lease
+        self._follow_task: asyncio.Task[None] | None = None
         self._lock = asyncio.Lock()
         self._dirty = asyncio.Event()
         self._tasks: set[asyncio.Task[None]] = set()
@@ -85,11 +102,33 @@ class Scheduler:
 
     async def start(self, bus: Bus) -> None:
         self.bus = bus
+        self._log = get_logger()  # bound after run_service configured logging
         self.kv = await bus.kv("jobs")
-        if self.driver is None:
+        if self.driver is None:  # now, so that a bad driver setting fails the start
             self.driver = make_driver(self.settings, bus)
-        await self._rebuild(bus)
-        bus.consume(
+        self.election = LeaderElection(
+            bus, "scheduler", ttl_s=self.settings.leader_ttl_s,
+            holder=holder_name(self.settings.leader_id, self.settings.state_dir))
+        await self.election.start()
+        self._follow_task = await follow(self.election, lead=self._lead,
+                                         abdicate=self._abdicate)
+
+    async def _lead(self, term: int) -> None:
+        """Elected: start from what the buckets hold now, then consume and place."""
+        assert self.bus is not None
+        self._log.info("leading", term=term)
+        self._term = term
+        self.state, self._shown = SchedulerState(), {}
+        if self._own_driver and self._driver_used:
+            self.driver = make_driver(self.settings, self.bus)
+        self._driver_used = True
+        # A consumer of its own, so losing the lease stops it and nothing else;
+        # it counts into the service's stats (health).
+        term_bus = Bus(self.bus.nc, self.bus.service, url=self.bus.url, token=self.bus.token)
+        term_bus.stats = self.bus.stats
+        self._term_bus = term_bus
+        await self._rebuild(self.bus)
+        term_bus.consume(
             durable="scheduler",
             subjects=["safe.node.*.registered", "safe.node.*.state", "safe.job.*.submitted",
                       "safe.job.*.recover", "safe.worker.*.exited"],
@@ -98,6 +137,32 @@ class Scheduler:
         )
         self._cycle_task = asyncio.create_task(self._cycle_loop())
 
+    async def _abdicate(self, reason: str) -> None:
+        """Lost the lease: stop acting now; a new term starts from the buckets."""
+        self._log.warning("standing by", reason=reason, term=self._term)
+        self._term = None
+        await self._stop_acting(wait_s=0)
+        self.state, self._shown = SchedulerState(), {}
+
+    async def _stop_acting(self, *, wait_s: float) -> None:
+        if self._cycle_task is not None:
+            self._cycle_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._cycle_task
+            self._cycle_task = None
+        if self._term_bus is not None:
+            await self._term_bus.stop_consuming()
+            self._term_bus = None
+        for task in list(self._tasks):
+            if wait_s > 0:
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(task, wait_s)
+            else:
+                task.cancel()
+        if self.driver is not None:
+            # Running workers keep running: the next leader adopts them.
+            await self.driver.detach()
+
     async def _rebuild(self, bus: Bus) -> None:
         """Records from the KV buckets; workers that outlived the last run."""
         assert self.kv is not None and self.driver is not None
@@ -105,9 +170,17 @@ class Scheduler:
         for key in await _keys(nodes):
             node = node_from_bootstrap(json.loads((await nodes.get(key)).value))
             self.state.nodes[node.name] = node
+        self._old_terms = 0
         for key in await _keys(self.kv):
-            job = job_from_json(json.loads((await self.kv.get(key)).value))
+            data = json.loads((await self.kv.get(key)).value or b"{}")
+            self._old_terms = max(self._old_terms, data.pop("leader_term", 0) or 0)
+            job = job_from_json(data)
             self.state.jobs[job.id] = job
+        if self._term is not None and self._old_terms > self._term:
+            # Terms are lease revisions: only a deleted leases bucket starts them over.
+            self._log.error("job records carry newer terms than ours; was the leases "
+                            "bucket deleted? taking them as older", newest=self._old_terms,
+                            term=self._term)
         adopted = await self.driver.adopt()
         for job in self.state.jobs.values():
             if job.status == "running":
@@ -118,6 +191,13 @@ class Scheduler:
                     id=f"{job.id}-placed-{job.attempt}", source=SOURCE, job=job.id,
                     data=JobPlacedData(attempt=job.attempt, workers=job.slots)))
                 await self.driver.launch(job.id, job.attempt, job.spec, job.slots)
+            elif job.status == "terminating":
+                # The stop (SIGTERM, then SIGKILL after the grace) died with
+                # the last scheduler: a rank stuck on a dead peer would run on,
+                # and the stop timeout would place the next attempt beside it.
+                grace = (self.config.preemption_grace_s if job.after_stop == "preempted"
+                         else BROKEN_GANG_GRACE_S)
+                self._background(self.driver.stop(job.id, grace_s=grace))
         if self.state.jobs or adopted:
             self._log.info("rebuilt", nodes=len(self.state.nodes), jobs=len(self.state.jobs),
                            adopted_workers=adopted)
@@ -125,6 +205,7 @@ class Scheduler:
     # ------------------------------------------------------------------ events
 
     async def _on_event(self, event: Event) -> None:
+        self._fence()  # a deposed leader's last batch goes back for the new leader
         async with self._lock:
             await self._apply(event)
         self._dirty.set()
@@ -267,6 +348,9 @@ class Scheduler:
                 async with self._lock:
                     await self._expire_stops()
                     await self.cycle()
+            except NotLeader as exc:
+                self._log.warning("cycle stopped: not the leader", reason=str(exc))
+                return
             except Exception:
                 self._log.exception("scheduling cycle failed")
 
@@ -277,6 +361,10 @@ class Scheduler:
             if job.status == "terminating" and job.stop_requested_at is not None \
                     and now - job.stop_requested_at > limit:
                 self._log.warning("stop timed out; taking the gang as stopped", job=job.id)
+                assert self.driver is not None
+                # Kill what is left first: a gang taken as stopped must be gone.
+                with contextlib.suppress(Exception):
+                    await self.driver.stop(job.id, grace_s=0)
                 await self._finish_stop(job)
 
     async def cycle(self) -> None:
@@ -318,10 +406,13 @@ class Scheduler:
         await self._publish(JobPlaced(
             id=f"{job.id}-placed-{job.attempt}", source=SOURCE, job=job.id,
             data=JobPlacedData(attempt=job.attempt, workers=job.slots)))
-        self._log.info("job placed", job=job.id, attempt=job.attempt,
+        self._log.info("job placed", job=job.id, attempt=job.attempt, term=self._term,
                        nodes=[s.node for s in job.slots])
         try:
+            self._fence()
             await self.driver.launch(job.id, job.attempt, job.spec, job.slots)
+        except NotLeader:
+            raise
         except Exception as exc:  # the cluster refused: end this attempt now
             self._log.exception("launch failed", job=job.id, attempt=job.attempt)
             job.retries += 1
@@ -344,36 +435,53 @@ class Scheduler:
 
     # ------------------------------------------------------------------ output
 
+    def _fence(self) -> int:
+        """The term to act in; raises NotLeader unless this replica still
+        leads the term its records were rebuilt in."""
+        assert self.election is not None
+        term = self.election.check()
+        if term != self._term:
+            raise NotLeader(f"term {self._term} is over (now {term})")
+        return term
+
     async def _publish(self, event: Event) -> None:
         assert self.bus is not None
+        self._fence()
         await self.bus.publish(event)
 
     async def _save(self, job: JobRecord) -> None:
-        assert self.kv is not None
-        value = json.dumps(job_to_json(job)).encode()
+        assert self.kv is not None and self.election is not None
+        term = self._fence()
+        value = json.dumps({**job_to_json(job), "leader_term": term}).encode()
         try:
             entry = await self.kv.get(job.id)
-            await self.kv.update(job.id, value, last=entry.revision)
         except KeyNotFoundError:
             await self.kv.create(job.id, value)
+            return
+        written_by = json.loads(entry.value or b"{}").get("leader_term") or 0
+        if written_by > max(term, self._old_terms):  # a newer leader has been here: we are stale
+            await self.election.resign(f"job {job.id} was written by term {written_by}")
+            raise NotLeader(f"job {job.id} belongs to term {written_by}, not {term}")
+        await self.kv.update(job.id, value, last=entry.revision)
 
     async def stop(self) -> None:
-        if self._cycle_task is not None:
-            self._cycle_task.cancel()
-        for task in list(self._tasks):
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(task, 15)
-        if self.driver is not None:
-            # Running workers keep running: the next scheduler adopts them.
-            await self.driver.detach()
+        if self._follow_task is not None:
+            self._follow_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._follow_task
+        # Finish what this leader started, then hand the lease over at once.
+        await self._stop_acting(wait_s=15)
+        if self.election is not None:
+            await self.election.stop(release=True)
 
     def health(self) -> dict[str, Any]:
         counts: dict[str, int] = {}
         for job in self.state.jobs.values():
             counts[job.status] = counts.get(job.status, 0) + 1
         ready = sum(1 for n in self.state.nodes.values() if n.state == "ready")
+        leadership = self.election.describe() if self.election is not None else {}
         return {"cycles": self.cycles, "last_cycle_ms": self.last_cycle_ms, "jobs": counts,
-                "nodes_ready": ready}
+                "nodes_ready": ready, **leadership}
 
 
 def make_driver(settings: Settings, bus: Bus) -> ClusterDriver:

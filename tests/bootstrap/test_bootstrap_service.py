@@ -139,3 +139,110 @@ async def test_apply_publish_tells_the_service(
                      "-e", f"ansible_python_interpreter={sys.executable}", env=env, timeout=240)
     assert result.returncode == 0, result.stderr + result.stdout
     assert ("node.provisioned", "cp-1", "") in await events(bus)
+
+
+async def test_kubespray_removal_waits_for_the_drain_and_for_remove_node(
+        bus: Bus, tmp_path: Path) -> None:
+    """Handed a file with remove_with=kubespray, bootstrap drains the node but
+    keeps it (still a Kubernetes node) until asked to remove it; it refuses
+    while a job still runs there."""
+    from services.bootstrap.protocol import APPLY_SUBJECT, REMOVE_SUBJECT
+
+    first = local_hosts(2)
+    service = Bootstrap(Settings(state_dir=tmp_path), first, drain_poll_s=0.1)
+    await service.start(bus)
+    try:
+        jobs = await bus.kv("jobs")
+        await jobs.put("j-1", json.dumps({"id": "j-1", "status": "running",
+                                          "slots": [{"node": "node-2"}]}).encode())
+        edited = HostsFile(cluster="embedded", nodes=[first.nodes[0]])
+        reply = await bus.request(APPLY_SUBJECT, {"hosts": edited.model_dump(mode="json"),
+                                                  "remove_with": "kubespray"})
+        assert reply == {"ok": True, "changes": [
+            {"node": "node-2", "action": "remove", "fields": []}]}
+        refused = await bus.request(REMOVE_SUBJECT, {"nodes": ["node-2"]})
+        assert not refused["ok"] and "not drained" in refused["refused"]["node-2"]
+
+        await jobs.put("j-1", json.dumps({"id": "j-1", "status": "completed"}).encode())
+
+        async def drained() -> bool:
+            return bool(service.nodes["node-2"].get("drained"))
+        await until(drained)
+        await asyncio.sleep(0.5)
+        assert "node-2" in service.nodes  # drained, not removed: remove-node.yml comes first
+        assert ("node.removed", "node-2", "") not in await events(bus)
+
+        reply = await bus.request(REMOVE_SUBJECT, {"nodes": ["node-2"], "reason": "kubespray"})
+        assert reply == {"ok": True, "removed": ["node-2"], "refused": {}}
+        assert ("node.removed", "node-2", "") in await events(bus)
+        again = await bus.request(REMOVE_SUBJECT, {"nodes": ["node-2"]})
+        assert again["ok"]  # a retried request is fine
+    finally:
+        await service.stop()
+
+
+async def test_a_node_never_provisioned_leaves_without_kubespray(
+        bus: Bus, tmp_path: Path) -> None:
+    from services.bootstrap.protocol import APPLY_SUBJECT
+
+    cp = HostSpec(name="cp-1", ip="10.0.0.1", roles=["control-plane", "etcd"],
+                  gpu_model="cpu", gpu_count=0)
+    w = HostSpec(name="w-1", ip="10.0.0.2", gpu_model="MI300X", gpu_count=8)
+    service = Bootstrap(Settings(state_dir=tmp_path),
+                        HostsFile(cluster="lab", provision=True, nodes=[cp, w]),
+                        drain_poll_s=0.1)
+    await service.start(bus)
+    try:
+        assert service.nodes["w-1"]["state"] == "provisioning"
+        edited = HostsFile(cluster="lab", provision=True, nodes=[cp])
+        await bus.request(APPLY_SUBJECT, {"hosts": edited.model_dump(mode="json"),
+                                          "remove_with": "kubespray"})
+
+        async def gone() -> bool:
+            return "w-1" not in service.nodes
+        await until(gone)  # no remove-node.yml: it never joined Kubernetes
+        assert ("node.removed", "w-1", "") in await events(bus)
+    finally:
+        await service.stop()
+
+
+async def test_a_restart_keeps_the_hosts_file_last_handed_over(bus: Bus, tmp_path: Path) -> None:
+    from services.bootstrap.protocol import APPLY_SUBJECT
+
+    cp = HostSpec(name="cp-1", ip="10.0.0.1", roles=["control-plane", "etcd"],
+                  gpu_model="cpu", gpu_count=0)
+    w1 = HostSpec(name="w-1", ip="10.0.0.2", gpu_model="MI300X", gpu_count=8)
+    w2 = HostSpec(name="w-2", ip="10.0.0.3", gpu_model="MI300X", gpu_count=8)
+    boot = HostsFile(cluster="lab", provision=True, nodes=[cp, w1])
+    service = Bootstrap(Settings(state_dir=tmp_path), boot, drain_poll_s=0.1)
+    await service.start(bus)
+    edited = HostsFile(cluster="lab", provision=True, nodes=[cp, w2])  # w-1 out, w-2 in
+    try:
+        reply = await bus.request(APPLY_SUBJECT, {"hosts": edited.model_dump(mode="json"),
+                                                  "remove_with": None})
+        assert reply["ok"]
+
+        async def swapped() -> bool:
+            return "w-1" not in service.nodes and "w-2" in service.nodes
+        await until(swapped)
+    finally:
+        await service.stop()
+
+    # Restarted with the same boot file: the edit stands, w-1 is not back.
+    again = Bootstrap(Settings(state_dir=tmp_path), boot, drain_poll_s=0.1)
+    await again.start(bus)
+    try:
+        assert again.hosts == edited
+        assert "w-1" not in again.nodes and again.nodes["w-2"]["state"] != "draining"
+    finally:
+        await again.stop()
+
+    # A new boot file (a new release of the chart) is the newer word.
+    w3 = HostSpec(name="w-3", ip="10.0.0.4", gpu_model="MI300X", gpu_count=8)
+    release = HostsFile(cluster="lab", provision=True, nodes=[cp, w2, w3])
+    newest = Bootstrap(Settings(state_dir=tmp_path), release, drain_poll_s=0.1)
+    await newest.start(bus)
+    try:
+        assert newest.hosts == release and "w-3" in newest.nodes
+    finally:
+        await newest.stop()

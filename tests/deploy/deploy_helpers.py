@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import os
 import subprocess
 from collections.abc import Callable
@@ -22,11 +23,33 @@ KUBE_VERSIONS = ("1.30.0", "1.33.0")
 # The settings contract with the code: the only variables the chart and the
 # compose file may pass to a Primus-SaFE container are the settings model's.
 PRIMUS_ENV = frozenset(f"PRIMUS_{name.upper()}" for name in Settings.model_fields)
-SECRET_ENV = frozenset({"PRIMUS_NATS_TOKEN", "PRIMUS_CLICKHOUSE_DSN"})
+SECRET_ENV = frozenset({"PRIMUS_NATS_TOKEN", "PRIMUS_NATS_PASSWORD", "PRIMUS_CLICKHOUSE_DSN"})
+
+
+def secret_env(verb: str, *, nats_auth: str = "users") -> frozenset[str]:
+    """The secrets a service gets: its NATS password (or the shared token);
+    the ClickHouse DSN only for lens-collector, the one service that writes."""
+    nats = "PRIMUS_NATS_PASSWORD" if nats_auth == "users" else "PRIMUS_NATS_TOKEN"
+    return frozenset({nats} | ({"PRIMUS_CLICKHOUSE_DSN"} if verb == "lens-collector" else set()))
 
 # CLI verb of each service run as a Deployment.
 DEPLOYMENT_VERBS = ("bootstrap", "scheduler", "lens-collector", "failover", "bench-coordinator")
 ALL_VERBS = (*DEPLOYMENT_VERBS, "bench-agent")
+
+
+def parse_cli(argv: list[str]) -> argparse.Namespace:
+    """argv of a `primus-safe ...` command line (without the program name),
+    parsed by the real CLI parser; an assertion names the command it refuses.
+    A health check must name a service the CLI runs."""
+    from cli.main import SERVICE_VERBS, build_parser
+
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as exit_:
+        raise AssertionError(f"primus-safe {' '.join(argv)}: refused by the CLI") from exit_
+    if args.verb == "health":
+        assert args.service in SERVICE_VERBS, f"primus-safe {' '.join(argv)}: no such service"
+    return args
 
 
 def helm_runs(binary: Path) -> bool:

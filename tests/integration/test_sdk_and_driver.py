@@ -130,9 +130,10 @@ async def test_a_new_driver_adopts_workers_that_outlived_the_old_one(tmp_path: P
             break
         await asyncio.sleep(0.1)
     assert not any(isinstance(e, WorkerExited) for e in first)
-    # The new driver repeats the starts (same ids: de-duplicated on the bus).
-    assert sorted(e.id for e in second if isinstance(e, WorkerStarted)) == \
-        sorted(e.id for e in first if isinstance(e, WorkerStarted))
+    # The old driver announced the starts; the new one does not repeat them
+    # (the bus forgets an id after its de-duplication window: tests/chaos).
+    assert not any(isinstance(e, WorkerStarted) for e in second)
+    assert len([e for e in first if isinstance(e, WorkerStarted)]) == 2
     assert sorted((e.node, e.data.exit_code) for e in second
                   if isinstance(e, WorkerExited)) == [("a", 4), ("b", 5)]
     assert not list((tmp_path / "pids").glob("*/*"))

@@ -16,7 +16,7 @@ import pytest
 
 from libs.bus import DEADLETTER, REASON_HEADER, Bus, dlq_subject
 from libs.events import JobSpec, JobSubmitted, JobSubmittedData
-from libs.service import health_subject
+from libs.service import health_subject, instance_token
 from tests.helpers import ROOT
 
 SERVICES = [("bootstrap", []), ("scheduler", []), ("failover", []), ("bench-coordinator", []),
@@ -52,6 +52,9 @@ async def test_service_runs_alone_answers_health_and_stops_on_sigterm(
         reply = await health(bus, verb, "node-1" if verb == "bench-agent" else None)
         assert reply["ok"] is True and reply["service"] == verb
         assert reply["dead_lettered"] == 0
+        if verb != "bench-agent":  # the replica on this host answers its own probe
+            own = await health(bus, verb, instance_token(), timeout=10)
+            assert own["ok"] is True and own["service"] == verb
     finally:
         proc.send_signal(signal.SIGTERM)
         code = await asyncio.to_thread(proc.wait, 30)

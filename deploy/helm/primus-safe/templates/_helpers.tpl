@@ -72,6 +72,10 @@ app.kubernetes.io/part-of: primus-safe
 {{- end }}
 {{- end }}
 
+{{- define "primus-safe.natsTlsSecret" -}}
+{{- required "nats.tls.secretName is required when nats.tls.enabled is true: a kubernetes.io/tls Secret with tls.crt, tls.key and ca.crt" .Values.nats.tls.secretName }}
+{{- end }}
+
 {{- define "primus-safe.priorityClassName" -}}
 {{- printf "%s-%s" .Values.priorityClasses.prefix .name }}
 {{- end }}
@@ -83,21 +87,111 @@ app.kubernetes.io/part-of: primus-safe
 {{- end }}
 
 {{/*
-PRIMUS_* settings every service reads. Secrets only through secretKeyRef.
+The NATS users, one per service and their permissions, generated from the
+event contract (python -m libs.nats_permissions --write).
 */}}
-{{- define "primus-safe.env" -}}
-- name: PRIMUS_NATS_URL
-  value: {{ include "primus-safe.natsUrl" . | quote }}
+{{- define "primus-safe.natsUsers" -}}
+{{ .Files.Get "files/nats-users.conf" }}
+{{- end }}
+
+{{/* The names of those users, read from the generated file (one list, no copy). */}}
+{{- define "primus-safe.natsRoles" -}}
+{{- range regexFindAll "user: \"[a-z-]+\"" (include "primus-safe.natsUsers" .) -1 }}
+{{ trimSuffix "\"" (trimPrefix "user: \"" .) }}
+{{- end }}
+{{- end }}
+
+{{/* nats-server reads $NATS_PASSWORD_<ROLE> from its environment. Args: the role. */}}
+{{- define "primus-safe.natsPasswordEnv" -}}
+{{- printf "NATS_PASSWORD_%s" (. | upper | replace "-" "_") }}
+{{- end }}
+
+{{/*
+A generated secret: 40 characters, the first a letter, because nats-server
+reads an environment value as a config value (a leading digit makes it a
+number and the server refuses its config).
+*/}}
+{{- define "primus-safe.generatedSecret" -}}
+{{- printf "%s%s" (randAlpha 1) (randAlphaNum 39) }}
+{{- end }}
+
+{{- define "primus-safe.natsTlsDir" -}}
+/etc/primus-safe/nats-tls
+{{- end }}
+
+{{/*
+How one service signs in to NATS: its own user (nats.auth.mode=users) or the
+shared token, and the TLS files when TLS is on. Args: root, component (the
+service's CLI verb, which is also its NATS user).
+*/}}
+{{- define "primus-safe.natsEnv" -}}
+{{- $root := .root -}}
+{{- if eq $root.Values.nats.auth.mode "users" }}
+- name: PRIMUS_NATS_USER
+  value: {{ .component | quote }}
+- name: PRIMUS_NATS_PASSWORD
+  valueFrom:
+    secretKeyRef:
+      name: {{ include "primus-safe.secretName" $root }}
+      key: {{ printf "nats-password-%s" .component }}
+{{- else }}
 - name: PRIMUS_NATS_TOKEN
   valueFrom:
     secretKeyRef:
-      name: {{ include "primus-safe.secretName" . }}
+      name: {{ include "primus-safe.secretName" $root }}
       key: nats-token
+{{- end }}
+{{- if $root.Values.nats.tls.enabled }}
+- name: PRIMUS_NATS_TLS_CA
+  value: {{ printf "%s/ca.crt" (include "primus-safe.natsTlsDir" $root) | quote }}
+{{- if $root.Values.nats.tls.verifyClients }}
+- name: PRIMUS_NATS_TLS_CERT
+  value: {{ printf "%s/tls.crt" (include "primus-safe.natsTlsDir" $root) | quote }}
+- name: PRIMUS_NATS_TLS_KEY
+  value: {{ printf "%s/tls.key" (include "primus-safe.natsTlsDir" $root) | quote }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/*
+The writer's DSN, for lens-collector only (no other service touches
+ClickHouse): from this release's Secret with the bundled server, else from
+the Secret named by clickhouse.external.dsnSecret.
+*/}}
+{{- define "primus-safe.clickhouseEnv" -}}
 - name: PRIMUS_CLICKHOUSE_DSN
   valueFrom:
     secretKeyRef:
+{{- if .Values.clickhouse.enabled }}
       name: {{ include "primus-safe.secretName" . }}
       key: clickhouse-dsn
+{{- else }}
+      name: {{ required "clickhouse.external.dsnSecret.name is required when clickhouse.enabled is false: the Secret holding the writer's DSN" .Values.clickhouse.external.dsnSecret.name }}
+      key: {{ .Values.clickhouse.external.dsnSecret.key }}
+{{- end }}
+{{- end }}
+
+{{/*
+PRIMUS_* settings every service reads. Secrets only through secretKeyRef
+(primus-safe.natsEnv and primus-safe.clickhouseEnv).
+*/}}
+{{/*
+Copies of each stream and KV bucket: one per server of a bundled NATS
+cluster (so a stream survives the loss of a server), else one.
+*/}}
+{{- define "primus-safe.natsReplicas" -}}
+{{- if and .Values.nats.enabled .Values.nats.cluster.enabled -}}
+{{ .Values.nats.cluster.replicas }}
+{{- else -}}
+1
+{{- end -}}
+{{- end }}
+
+{{- define "primus-safe.env" -}}
+- name: PRIMUS_NATS_URL
+  value: {{ include "primus-safe.natsUrl" . | quote }}
+- name: PRIMUS_NATS_REPLICAS
+  value: {{ include "primus-safe.natsReplicas" . | quote }}
 - name: PRIMUS_CLICKHOUSE_DATABASE
   value: {{ .Values.clickhouse.database | quote }}
 - name: PRIMUS_STATE_DIR
@@ -124,6 +218,11 @@ PRIMUS_* settings every service reads. Secrets only through secretKeyRef.
   mountPath: {{ .Values.config.stateDir }}
 - name: tmp
   mountPath: /tmp
+{{- if .Values.nats.tls.enabled }}
+- name: nats-tls
+  mountPath: {{ include "primus-safe.natsTlsDir" . }}
+  readOnly: true
+{{- end }}
 {{- if .Values.settings }}
 - name: settings
   mountPath: /etc/primus-safe/settings
@@ -136,6 +235,16 @@ PRIMUS_* settings every service reads. Secrets only through secretKeyRef.
   emptyDir: {}
 - name: tmp
   emptyDir: {}
+{{- if .Values.nats.tls.enabled }}
+- name: nats-tls
+  secret:
+    secretName: {{ include "primus-safe.natsTlsSecret" . }}
+    {{- if not .Values.nats.tls.verifyClients }}
+    items:
+      - key: ca.crt
+        path: ca.crt
+    {{- end }}
+{{- end }}
 {{- if .Values.settings }}
 - name: settings
   configMap:

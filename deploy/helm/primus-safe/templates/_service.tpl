@@ -76,13 +76,14 @@ spec:
           args: [{{ .component | quote }}]
           env:
             {{- include "primus-safe.env" $root | nindent 12 }}
+            {{- include "primus-safe.natsEnv" $ctx | nindent 12 }}
             {{- with .extraEnv }}
             {{- . | nindent 12 }}
             {{- end }}
             {{- with $v.extraEnv }}
             {{- toYaml . | nindent 12 }}
             {{- end }}
-          {{- include "primus-safe.probes" (dict "root" $root "command" (list "primus-safe" "health" .component)) | nindent 10 }}
+          {{- include "primus-safe.probes" (dict "root" $root "command" (list "primus-safe" "health" .component "--here")) | nindent 10 }}
           resources:
             {{- toYaml $v.resources | nindent 12 }}
           securityContext:
