@@ -23,7 +23,7 @@ import json
 import time
 from typing import Any
 
-from nats.js.errors import KeyNotFoundError, NoKeysError
+from nats.js.errors import NoKeysError
 from nats.js.kv import KeyValue
 
 from libs.bus import CONTROL, Bus
@@ -36,6 +36,7 @@ from libs.events import (
     Figure,
     parse_event,
 )
+from libs.kv import put_record
 from libs.leader import LeaderElection, NotLeader, follow, holder_name
 from libs.logs import get_logger
 from libs.settings import Settings
@@ -291,12 +292,7 @@ class BenchCoordinator:
     async def save(self, node: str, record: dict[str, Any]) -> None:
         assert self.kv is not None
         self._fence()
-        value = json.dumps(record).encode()
-        try:
-            entry = await self.kv.get(node)
-            await self.kv.update(node, value, last=entry.revision)
-        except KeyNotFoundError:
-            await self.kv.create(node, value)
+        await put_record(self.kv, node, record)
         self.latest[node] = record
 
     # ------------------------------------------------------------------ report

@@ -40,6 +40,7 @@ from libs.events import (
     new_event_id,
 )
 from libs.inventory import HostsFile, HostSpec
+from libs.kv import put_record
 from libs.logs import get_logger
 from libs.settings import Settings
 from libs.specs import load_model
@@ -318,12 +319,7 @@ class Bootstrap:
 
     async def _save(self, node: str, record: dict[str, Any]) -> None:
         assert self.kv is not None
-        value = json.dumps(record).encode()
-        try:
-            entry = await self.kv.get(node)
-            await self.kv.update(node, value, last=entry.revision)
-        except KeyNotFoundError:
-            await self.kv.create(node, value)
+        await put_record(self.kv, node, record)
         self.nodes[node] = record
 
     async def stop(self) -> None:
