@@ -73,6 +73,19 @@ class NatsServer:
         wait_for_port(self.port)
         return self
 
+    def kill(self) -> None:
+        """SIGKILL the server (a crash): its store dir keeps what JetStream wrote."""
+        if self.proc is not None and self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+
+    def restart(self, log_path: Path | None = None) -> NatsServer:
+        """Start again on the same port, token and store dir, so clients
+        reconnect to the same URL and JetStream recovers its streams."""
+        self.kill()
+        return self.start(log_path)
+
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.terminate()
@@ -91,6 +104,7 @@ class EmbeddedStack:
     env: dict[str, str] = field(default_factory=dict)
     nats: NatsServer | None = None
     procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+    args: dict[str, tuple[str, ...]] = field(default_factory=dict)  # to restart one
 
     def __post_init__(self) -> None:
         self.state_dir = self.state_dir.resolve()
@@ -126,6 +140,7 @@ class EmbeddedStack:
                 start_new_session=True,
             )
         self.procs[name] = proc
+        self.args[name] = args
         return proc
 
     def start(self) -> EmbeddedStack:
@@ -154,6 +169,26 @@ class EmbeddedStack:
                 os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
         return kill_node_workers(self.state_dir, node)
+
+    def kill(self, name: str) -> int | None:
+        """SIGKILL one process of the stack with its group (a crash); its exit code."""
+        proc = self.procs[name]
+        if proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+        return proc.wait()
+
+    def restart(self, name: str) -> subprocess.Popen[bytes]:
+        """Start a process of the stack again with the arguments it first had
+        (what a Deployment does after a crash)."""
+        if self.procs[name].poll() is None:
+            self.kill(name)
+        return self.spawn(name, *self.args[name])
+
+    def restart_nats(self) -> None:
+        """SIGKILL nats-server and start it again on the same port and store."""
+        assert self.nats is not None
+        self.nats.restart(self.state_dir / "logs" / "nats-server.log")
 
     def dead(self) -> dict[str, int]:
         return {n: p.returncode for n, p in self.procs.items() if p.poll() is not None}

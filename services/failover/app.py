@@ -135,15 +135,25 @@ class Failover:
         await self._act(decisions)
 
     async def _watch(self) -> None:
+        assert self.bus is not None
         period = min(0.5, self.monitor.interval_s / 2)
         while True:
             await asyncio.sleep(period)
-            for missed in self.monitor.check(time.time()):
-                await self._act(self.book.observe(
-                    "heartbeat_missed", missed.node, bad=True, now=time.time(),
-                    reason=f"no heartbeat for {missed.overdue_s:.1f} s "
-                           f"(limit {self.monitor.deadline_s:.1f} s)",
-                    jobs=self._jobs_on(missed.node), last_good=missed.last_seen))
+            if not self.bus.nc.is_connected:
+                # Our own bus is down: every node falls silent at once, and
+                # that says nothing about them (a NATS restart would
+                # otherwise cordon the whole fleet).
+                self.monitor.blind(time.time())
+                continue
+            try:
+                for missed in self.monitor.check(time.time()):
+                    await self._act(self.book.observe(
+                        "heartbeat_missed", missed.node, bad=True, now=time.time(),
+                        reason=f"no heartbeat for {missed.overdue_s:.1f} s "
+                               f"(limit {self.monitor.deadline_s:.1f} s)",
+                        jobs=self._jobs_on(missed.node), last_good=missed.last_seen))
+            except Exception:  # this loop is the only heartbeat judge: it must live
+                self._log.exception("heartbeat check failed")
 
     async def _act(self, decisions: list[Decision]) -> None:
         assert self.bus is not None

@@ -4,7 +4,8 @@
 nodes are overdue: a node is down after ``missed`` intervals without a beat.
 A node that has never beaten is timed from its registration, so an agent that
 never starts is caught too. Each outage yields one fault until the node beats
-again.
+again. While the monitor itself cannot hear (its bus is down) silence is no
+evidence: ``blind`` restarts every node's clock at the moment it hears again.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ class HeartbeatMonitor:
     missed: int
     last_seen: dict[str, float] = field(default_factory=dict)
     down: set[str] = field(default_factory=set)
+    deaf_until: float = float("-inf")  # the monitor could hear nothing until then
 
     @property
     def deadline_s(self) -> float:
@@ -43,12 +45,17 @@ class HeartbeatMonitor:
             return True
         return False
 
+    def blind(self, now: float) -> None:
+        """The monitor could not hear beats until ``now`` (its own link to
+        the bus was down): no node's silence before then counts against it."""
+        self.deaf_until = max(self.deaf_until, now)
+
     def check(self, now: float) -> list[MissedHeartbeat]:
         """Nodes newly overdue at ``now`` (each reported once per outage)."""
         found = []
         for node, seen in sorted(self.last_seen.items()):
             overdue = now - seen
-            if node not in self.down and overdue > self.deadline_s:
+            if node not in self.down and now - max(seen, self.deaf_until) > self.deadline_s:
                 self.down.add(node)
                 found.append(MissedHeartbeat(node, seen, overdue))
         return found

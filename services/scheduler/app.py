@@ -28,13 +28,14 @@ import json
 import time
 from typing import Any
 
-from nats.js.errors import KeyNotFoundError, NoKeysError
+from nats.js.errors import KeyNotFoundError, NoKeysError, NotFoundError
 from nats.js.kv import KeyValue
 
 from libs.bus import CONTROL, Bus
 from libs.drivers.base import ClusterDriver
 from libs.drivers.local import LocalDriver
 from libs.events import (
+    SUBJECT_ROOT,
     Event,
     JobCompleted,
     JobEndedData,
@@ -245,6 +246,10 @@ class Scheduler:
 
     async def _on_exit(self, event: WorkerExited) -> None:
         job = self.state.jobs.get(event.job)
+        if job is not None and job.status in ("completed", "failed") \
+                and event.data.attempt == job.attempt:
+            await self._announced(job)
+            return
         if job is None or not job.holds_gpus or event.data.attempt != job.attempt:
             return  # an old attempt, or already handled
         job.exits[event.data.rank] = event.data.exit_code
@@ -443,6 +448,27 @@ class Scheduler:
         if term != self._term:
             raise NotLeader(f"term {self._term} is over (now {term})")
         return term
+
+    async def _announced(self, job: JobRecord) -> None:
+        """A redelivered exit of an ended job: its end is saved, but the
+        publish after the save may have failed (NATS away), and this exit is
+        the only message that will come again. Publish the end once more
+        unless the stream holds it (its id is fixed, so a repeat inside the
+        de-duplication window is dropped anyway)."""
+        assert self.bus is not None
+        kind = JobCompleted if job.status == "completed" else JobFailed
+        subject = kind.subject_template.format(root=SUBJECT_ROOT, node=None, job=job.id)
+        try:
+            await self.bus.js.get_last_msg(CONTROL.name, subject)
+            return
+        except NotFoundError:
+            pass
+        self._log.warning("end of job not in the stream; publishing it again", job=job.id)
+        await self._publish(kind(
+            id=f"{job.id}-{job.status}", source=SOURCE, job=job.id,
+            data=JobEndedData(attempt=job.attempt,
+                              duration_s=max(0.0, time.time() - job.submitted_at),
+                              reason=job.reason if job.status == "failed" else "")))
 
     async def _publish(self, event: Event) -> None:
         assert self.bus is not None

@@ -113,3 +113,48 @@ async def test_reasons_positions_and_preemption(nats_url: str, bus: Bus, tmp_pat
         code = await asyncio.to_thread(proc.wait, 30)
         reap_all(state)
     assert code == 0
+
+
+async def test_a_lost_end_of_job_is_published_again_on_a_redelivered_exit(
+        nats_url: str, bus: Bus, tmp_path: Path) -> None:
+    """The scheduler saves a job's end, then publishes it: when that publish
+    is lost (NATS away) the worker's exit comes again, and the end must go
+    out then, once."""
+    from libs.events import WorkerExited, WorkerExitedData
+
+    state = tmp_path / "state"
+    await ready_nodes(bus, {"n1": (1, "r1")})
+    proc = scheduler(nats_url, state, tmp_path / "sched.log")
+    subject = "safe.job.short.completed"
+    try:
+        await bus.publish(submit("short", workers=1, priority="medium", seconds=0.1))
+
+        async def completed() -> bool:
+            return (await record(bus, "short"))["status"] == "completed"
+
+        await until(completed, "the job to complete")
+        await until(lambda: bus.js.get_last_msg("CONTROL", subject), "job.completed")
+        # As if that publish had never reached the stream: gone, and its id
+        # out of the de-duplication window.
+        config = (await bus.js.stream_info("CONTROL")).config
+        config.duplicate_window = 1.0
+        await bus.js.update_stream(config)
+        await bus.js.purge_stream("CONTROL", subject=subject)
+        await asyncio.sleep(1.5)
+        attempt = (await record(bus, "short"))["attempt"]
+        await bus.publish(WorkerExited(source="test", node="n1", job="short", data=WorkerExitedData(
+            rank=0, attempt=attempt, exit_code=0)))  # the exit, delivered again
+        again = await until(lambda: bus.js.get_last_msg("CONTROL", subject), "job.completed again")
+        assert json.loads(again.data)["id"] == "short-completed"
+        info = await bus.js.stream_info("CONTROL", subjects_filter=subject)
+        assert info.state.subjects == {subject: 1}
+        # Once it is there, a further redelivery adds nothing.
+        await bus.publish(WorkerExited(source="test", node="n1", job="short", data=WorkerExitedData(
+            rank=0, attempt=attempt, exit_code=0)))
+        await asyncio.sleep(2)
+        info = await bus.js.stream_info("CONTROL", subjects_filter=subject)
+        assert info.state.subjects == {subject: 1}
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        await asyncio.to_thread(proc.wait, 30)
+        reap_all(state)

@@ -1,0 +1,307 @@
+"""Chaos on the embedded stack: a 2-node training job with checkpoints runs
+on 4 local nodes while a seeded schedule SIGKILLs a node (agent and
+workers), one worker of the job, the scheduler (restarted) and nats-server
+itself (restarted on the same port and store, so JetStream state persists).
+Afterwards the invariants in ``invariants`` must hold: the job completes,
+the history table has every control event exactly once, no node is out of
+service without an open fault, nothing is placed or run twice, and every
+attempt resumed from the newest complete checkpoint.
+
+Seeds: ``PRIMUS_CHAOS_SEEDS=1,2,3`` (default ``1,4``), kills per run:
+``PRIMUS_CHAOS_KILLS`` (default 4, one of each kind). A failure names its
+seed, and ``PRIMUS_CHAOS_SEEDS=<seed> pytest tests/chaos`` replays the same
+schedule (the timing of the stack itself is not seeded: a replay hits the
+same kinds, order, pauses and outages, not always the same instant).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import re
+import signal
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from nats.js.errors import NoKeysError
+
+from libs.bus import Bus
+from libs.embedded import EmbeddedStack
+from libs.events import Event, JobSpec, JobSubmitted, JobSubmittedData, parse_event
+from libs.sdk import latest_complete_checkpoint
+from tests.chaos.invariants import (
+    AttemptStart,
+    cordon_violations,
+    history_violations,
+    placement_violations,
+    process_violations,
+    resume_violations,
+)
+from tests.chaos.schedule import Kill, plan_kills
+from tests.helpers import ROOT
+
+pytestmark = [pytest.mark.chaos, pytest.mark.e2e, pytest.mark.timeout(480)]
+
+SEEDS = [int(s) for s in os.environ.get("PRIMUS_CHAOS_SEEDS", "1,4").split(",") if s.strip()]
+NODES, WORKERS = 4, 2
+KILLS = int(os.environ.get("PRIMUS_CHAOS_KILLS", "4"))
+ITERATIONS, CHECKPOINT_INTERVAL = 400, 20
+JOB_BOUND_S = 300.0  # from submission to completion, kills and back-offs included
+WORKER = Path(__file__).with_name("chaos_worker.py")
+RESUMED = re.compile(r"resumed from checkpoint at iteration (\d+)")
+DONE = re.compile(r"done: \d+ iterations \(from (\d+)\)")
+
+
+async def poll(fn: Callable[[], Awaitable[Any]], what: str, timeout: float,
+               every: float = 0.3) -> Any:
+    """Until ``fn`` returns something true; a bus that is down is retried."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with contextlib.suppress(Exception):
+            if result := await fn():
+                return result
+        await asyncio.sleep(every)
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+
+
+async def bucket(bus: Bus, name: str) -> dict[str, dict[str, Any]]:
+    kv = await bus.kv(name)
+    try:
+        keys = await kv.keys()
+    except NoKeysError:  # e.g. no fault was ever opened
+        return {}
+    return {k: json.loads((await kv.get(k)).value) for k in keys}
+
+
+async def lens(bus: Bus, query: str, **params: object) -> list[dict[str, Any]]:
+    reply = await bus.request("safe.lens.query", {"query": query, "params": params}, timeout_s=20)
+    assert reply["ok"], reply
+    return [dict(zip(reply["columns"], r, strict=True)) for r in reply["rows"]]
+
+
+class Checkpoints:
+    """Watches the job's checkpoint dir: when each step was first complete."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self.seen: dict[int, float] = {}
+
+    def newest(self) -> int:
+        found = latest_complete_checkpoint(self.directory, WORKERS)
+        return found.iteration if found else 0
+
+    async def watch(self) -> None:
+        while True:
+            now = time.time()
+            for step_dir in self.directory.glob("step-*"):
+                step = int(step_dir.name.removeprefix("step-"))
+                if step not in self.seen and all(
+                        (step_dir / f"rank-{r}.pt").exists() for r in range(WORKERS)):
+                    self.seen[step] = now
+            await asyncio.sleep(0.1)
+
+    def complete_at(self) -> dict[int, float]:
+        """The earlier of first seen and the files' own times (a later
+        attempt may rewrite a step, which only makes its files newer)."""
+        out = dict(self.seen)
+        for step in out:
+            files = [self.directory / f"step-{step:08d}" / f"rank-{r}.pt" for r in range(WORKERS)]
+            with contextlib.suppress(FileNotFoundError):
+                out[step] = min(out[step], max(f.stat().st_mtime for f in files))
+        return out
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_chaos_kills_keep_the_invariants(seed: int, tmp_path: Path) -> None:
+    kills = plan_kills(seed, KILLS, spare_nodes=NODES - WORKERS)
+    print(f"chaos seed {seed} (replay: PRIMUS_CHAOS_SEEDS={seed} PRIMUS_CHAOS_KILLS={KILLS} "
+          f"pytest tests/chaos): {kills}")
+    stack = EmbeddedStack(tmp_path / "stack", nodes=NODES).start()
+    log: list[str] = []
+    try:
+        found = asyncio.run(_run(stack, seed, kills, tmp_path, log))
+    except Exception as exc:
+        raise AssertionError(f"chaos seed {seed} failed: {exc}; timeline {log}; logs in "
+                             f"{stack.state_dir / 'logs'}") from exc
+    finally:
+        stack.stop()
+    print(f"chaos seed {seed} timeline: {log}")
+    assert not found, (f"chaos seed {seed} broke invariants:\n  " + "\n  ".join(found)
+                       + f"\ntimeline {log}")
+
+
+async def _run(stack: EmbeddedStack, seed: int, kills: list[Kill], tmp_path: Path,
+               log: list[str]) -> list[str]:
+    assert stack.nats is not None
+    t0 = time.monotonic()
+
+    def note(text: str) -> None:
+        log.append(f"{time.monotonic() - t0:.1f}s {text}")
+
+    bus = await Bus.connect(stack.nats.url, "chaos", token=stack.nats.token)
+    job = f"chaos-{seed}"
+    marker = tmp_path / "started.txt"
+    ckpts = Checkpoints(stack.state_dir / "checkpoints" / job)
+    watcher = asyncio.create_task(ckpts.watch())
+    try:
+        async def all_ready() -> bool:
+            nodes = await bucket(bus, "nodes")
+            return len(nodes) == NODES and all(n["state"] == "ready" for n in nodes.values())
+
+        await poll(all_ready, "every node to pass onboarding", 150)
+        note("nodes ready")
+        spec = JobSpec(name=job, workers=WORKERS, gpus_per_worker=1, max_retry=10,
+                       checkpoint_interval=CHECKPOINT_INTERVAL, workdir=str(ROOT),
+                       command=["python", str(WORKER), str(marker),
+                                "--iterations", str(ITERATIONS)])
+        await bus.publish(JobSubmitted(source="chaos", job=job, data=JobSubmittedData(spec=spec)))
+        submitted = time.monotonic()
+
+        async def record() -> dict[str, Any]:
+            return json.loads((await (await bus.kv("jobs")).get(job)).value)
+
+        killed_nodes: list[str] = []
+        mark = 0
+        for kill in kills:
+            async def progressed(mark: int = mark) -> bool:
+                r = await record()
+                return r["status"] in ("completed", "failed") or ckpts.newest() > mark
+
+            if not kill.hurry:
+                await poll(progressed, f"progress past step {mark} before the {kill.kind} kill",
+                           JOB_BOUND_S - (time.monotonic() - submitted), every=0.1)
+            if (await poll(record, "the job record", 30))["status"] in ("completed", "failed"):
+                note(f"job ended before the {kill.kind} kill")
+                break
+            await asyncio.sleep(kill.delay_s)
+            mark = ckpts.newest()
+            current = await poll(record, "the job record", 30)
+            note(f"{kill.kind} kill at step {mark}, attempt {current['attempt']}: "
+                 + await _kill(stack, kill, job, current, killed_nodes))
+        final = await poll(_ended(record), f"job {job} to end",
+                           JOB_BOUND_S - (time.monotonic() - submitted))
+        note(f"job {final['status']} after {final['attempt']} attempt(s)")
+        assert final["status"] == "completed", f"job {final['status']}: {final['reason']}"
+        return await _check(bus, stack, job, final, ckpts, marker, killed_nodes)
+    finally:
+        watcher.cancel()
+        await bus.close()
+
+
+def _ended(record: Callable[[], Awaitable[dict[str, Any]]]) -> Callable[[], Awaitable[Any]]:
+    async def ended() -> dict[str, Any] | None:
+        r = await record()
+        return r if r["status"] in ("completed", "failed") else None
+    return ended
+
+
+async def _kill(stack: EmbeddedStack, kill: Kill, job: str, record: dict[str, Any],
+                killed_nodes: list[str]) -> str:
+    """Do one kill of the schedule; says what it hit."""
+    if kill.kind == "node":
+        # The job's node; between attempts, any live node (it may be next).
+        node = kill.choose([s["node"] for s in record["slots"]] or [
+            n for n in stack.node_names if n not in killed_nodes])
+        killed_nodes.append(node)
+        return f"{node} dies (workers {stack.kill_node(node)})"
+    if kill.kind == "worker":
+        workers = {}
+        for pid_file in (stack.state_dir / "pids").glob("*/[0-9]*"):
+            with contextlib.suppress(FileNotFoundError, ValueError):
+                j, attempt, rank = pid_file.read_text().split()
+                if j == job and int(attempt) == record["attempt"]:
+                    workers[f"{pid_file.parent.name}/{rank}/{pid_file.name}"] = int(pid_file.name)
+        if not workers:
+            return "no worker of the current attempt to kill"
+        target = kill.choose(list(workers))
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(workers[target], signal.SIGKILL)
+        return f"worker node/rank/pid {target} killed"
+    if kill.kind == "scheduler":
+        stack.kill("scheduler")
+        await asyncio.sleep(kill.down_s)
+        stack.restart("scheduler")
+        return f"scheduler down for {kill.down_s} s"
+    assert stack.nats is not None
+    stack.nats.kill()
+    await asyncio.sleep(kill.down_s)
+    await asyncio.to_thread(stack.restart_nats)
+    return f"nats-server down for {kill.down_s} s"
+
+
+async def _check(bus: Bus, stack: EmbeddedStack, job: str, final: dict[str, Any],
+                 ckpts: Checkpoints, marker: Path, killed_nodes: list[str]) -> list[str]:
+    """Gather what the run left and ask every invariant about it."""
+    async def stream() -> list[Event]:
+        last = (await bus.js.stream_info("CONTROL")).state.last_seq
+        return [parse_event((await bus.js.get_msg("CONTROL", s)).data)
+                for s in range(1, last + 1)]
+
+    settled = [e.id for e in await poll(stream, "the CONTROL stream", 30)]
+
+    async def history() -> dict[str, int] | None:
+        stored = {r["id"]: r["copies"] for r in await lens(bus, "event_ids")}
+        return stored if set(settled) <= set(stored) else None
+
+    with contextlib.suppress(AssertionError):  # what is missing is reported below
+        await poll(history, "every control event in the history table", 45, every=1.0)
+    stored = {r["id"]: r["copies"] for r in await lens(bus, "event_ids")}
+    events = await stream()
+    found = history_violations([e.id for e in events], stored, settled=len(settled))
+    found += placement_violations(events)
+    ends = [e.type for e in events if e.type in ("job.completed", "job.failed") and e.job == job]
+    if ends != [f"job.{final['status']}"]:
+        found.append(f"{job} is {final['status']} in its record, but the stream says {ends}")
+
+    markers = [(j, int(a), int(r), n, int(p)) for j, a, r, n, p in
+               (line.split() for line in marker.read_text().splitlines())]
+    found += process_violations(markers)
+    found += cordon_violations(await bucket(bus, "nodes"), (await bucket(bus, "faults")).values(),
+                               killed_nodes)
+
+    # Attempts that trained to the end reported steps; wait for Lens to have them.
+    trained = {a for a, logs in _rank_logs(stack.state_dir, job).items()
+               if any(int(m.group(1)) < ITERATIONS for t in logs.values() if (m := DONE.search(t)))}
+
+    async def telemetry() -> list[dict[str, Any]] | None:
+        rows = await lens(bus, "job_attempts", job=job)
+        return rows if trained <= {r["attempt"] for r in rows} else None
+
+    with contextlib.suppress(AssertionError):  # an attempt without steps is checked without
+        await poll(telemetry, f"telemetry of attempts {sorted(trained)}", 30)
+    first_steps = {r["attempt"]: r["first_iteration"]
+                   for r in await lens(bus, "job_attempts", job=job)}
+    found += resume_violations(_attempts(stack.state_dir, job, first_steps), ckpts.complete_at())
+    return found
+
+
+def _rank_logs(state: Path, job: str) -> dict[int, dict[int, str]]:
+    """attempt -> rank -> what the worker printed."""
+    return {int(d.name.removeprefix("attempt-")): {
+                int(p.stem.removeprefix("rank-")): p.read_text(errors="replace")
+                for p in d.glob("rank-*.log")}
+            for d in sorted((state / "jobs" / job).glob("attempt-*"))}
+
+
+def _attempts(state: Path, job: str, first_steps: dict[int, int]) -> list[AttemptStart]:
+    """Each attempt whose workers began training: when it was launched (the
+    driver's intent files), which step each rank loaded (its log: a resume,
+    or where it says it trained from), its first step (Lens)."""
+    out = []
+    for attempt, logs in _rank_logs(state, job).items():
+        intents = [float(p.read_text()) for p in
+                   (state / "intents").glob(f"{job}-a{attempt}-r*")]
+        resumed = {}
+        for rank, text in logs.items():
+            if m := RESUMED.search(text) or DONE.search(text):
+                resumed[rank] = int(m.group(1))
+            elif attempt in first_steps:  # it trained, from scratch
+                resumed[rank] = 0
+        if resumed and intents:  # else: killed before it loaded anything
+            out.append(AttemptStart(attempt, min(intents), resumed, first_steps.get(attempt)))
+    return out
