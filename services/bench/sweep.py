@@ -18,17 +18,34 @@ import asyncio
 import json
 import time
 import uuid
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-from libs.bus import QUERY_SUBJECT
-from libs.events import BenchRequest, BenchRequestData, BenchResult, BenchSweep
+from libs.bus import QUERY_SUBJECT, Bus
+from libs.events import BenchRequest, BenchRequestData, BenchResult, BenchResultData, BenchSweep
 from libs.logs import get_logger
-from services.bench.fleet import NodeJudgement, Outcome, fleet_spread
+from services.bench.config import ConfigFile
+from services.bench.fleet import NodeJudgement, Outcome, Spread, fleet_spread
 from services.bench.triage import decide
 from services.bench.turns import TurnRing
 
-if TYPE_CHECKING:
-    from services.bench.coordinator import BenchCoordinator
+
+class Judge(Protocol):
+    """What a sweep needs of the coordinator (services.bench.coordinator):
+    its bus and configuration, the fleet's latest runs, and its judgement,
+    record and verdict steps, so both judge a sweep and a single run alike."""
+
+    bus: Bus | None
+    config: ConfigFile
+    latest: dict[str, dict[str, Any]]
+
+    def judge(self, data: BenchResultData, peers: dict[str, dict[str, float]],
+              spread: Spread | None = None) -> tuple[NodeJudgement, tuple[Outcome, str]]: ...
+
+    async def save(self, node: str, record: dict[str, Any]) -> None: ...
+
+    async def publish_verdict(self, event: BenchResult, record: dict[str, Any],
+                              outcome: Outcome, reason: str, judged: NodeJudgement,
+                              request_id: str) -> None: ...
 
 TURN_SUBJECT = QUERY_SUBJECT.format(name="bench.turn.{session}")
 HELPERS = 5  # healthy nodes measured again beside the suspects
@@ -36,7 +53,7 @@ NODE_TIMEOUT_S = 180.0  # a sweep waits this long per node (turns: nodes one at 
 
 
 class Sweeps:
-    def __init__(self, coordinator: BenchCoordinator) -> None:
+    def __init__(self, coordinator: Judge) -> None:
         self.coordinator = coordinator
         self.results: dict[str, dict[str, BenchResult]] = {}  # session -> node -> run
         self._arrived: dict[str, asyncio.Event] = {}
