@@ -38,9 +38,7 @@ async def connect(settings: Settings) -> Bus:
     url, token = bus_target(settings)
     try:
         return await Bus.connect(
-            url, "cli", token=token, user=settings.nats_user, password=settings.nats_password,
-            tls_ca=settings.nats_tls_ca, tls_cert=settings.nats_tls_cert,
-            tls_key=settings.nats_tls_key)
+            url, "cli", token=token, **settings.nats_auth)
     except ConnectionError as exc:
         raise CliError(f"{exc}") from None
 

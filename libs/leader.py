@@ -41,6 +41,7 @@ from nats.js.kv import KeyValue
 
 from libs.bus import Bus
 from libs.logs import get_logger
+from libs.settings import Settings
 
 LEASES_BUCKET = "leases"
 # A leader stops acting this far into its TTL without a renewal; the rest of
@@ -164,6 +165,12 @@ class LeaderElection:
 
     # ------------------------------------------------------------------ state
 
+
+    @classmethod
+    def for_service(cls, bus: Bus, role: str, settings: Settings) -> LeaderElection:
+        """The election a service replica runs: TTL and name from its settings."""
+        return cls(bus, role, ttl_s=settings.leader_ttl_s,
+                   holder=holder_name(settings.leader_id, settings.state_dir))
     @property
     def is_leader(self) -> bool:
         return leads(self._held, now=self._clock(), ttl_s=self.ttl_s)

@@ -49,9 +49,7 @@ async def run_service(service: Service, settings: Settings, *, node: str | None 
 
     try:
         bus = await Bus.connect(
-            settings.nats_url, service.name, token=settings.nats_token, user=settings.nats_user,
-            password=settings.nats_password, tls_ca=settings.nats_tls_ca,
-            tls_cert=settings.nats_tls_cert, tls_key=settings.nats_tls_key)
+            settings.nats_url, service.name, token=settings.nats_token, **settings.nats_auth)
     except ConnectionError as exc:
         log.error("cannot start", error=str(exc))
         return 2

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field
 from pydantic_settings import (
@@ -88,6 +88,13 @@ class Settings(BaseSettings):
         if path:
             sources.append(YamlConfigSettingsSource(settings_cls, yaml_file=path))
         return tuple(sources)
+
+    @property
+    def nats_auth(self) -> dict[str, Any]:
+        """Bus.connect's credentials besides the token: user, password, TLS files."""
+        return {"user": self.nats_user, "password": self.nats_password,
+                "tls_ca": self.nats_tls_ca, "tls_cert": self.nats_tls_cert,
+                "tls_key": self.nats_tls_key}
 
     @property
     def store_dsn(self) -> str:

@@ -37,7 +37,7 @@ from libs.events import (
     parse_event,
 )
 from libs.kv import put_record
-from libs.leader import LeaderElection, NotLeader, follow, holder_name
+from libs.leader import LeaderElection, NotLeader, follow
 from libs.logs import get_logger
 from libs.settings import Settings
 from services.bench.config import ConfigFile
@@ -101,9 +101,7 @@ class BenchCoordinator:
         self.bus = bus
         self._log = get_logger()  # bound after run_service configured logging
         self.kv = await bus.kv("bench")
-        self.election = LeaderElection(
-            bus, "bench-coordinator", ttl_s=self.settings.leader_ttl_s,
-            holder=holder_name(self.settings.leader_id, self.settings.state_dir))
+        self.election = LeaderElection.for_service(bus, "bench-coordinator", self.settings)
         await self.election.start()
         self._follow_task = await follow(self.election, lead=self._lead,
                                          abdicate=self._abdicate)

@@ -58,11 +58,7 @@ async def open_bus(url: str, token: str | None, settings: Settings | None = None
     One quiet attempt first: offline is an expected answer here, not a
     reason to retry and log until a timeout. ``settings`` brings the user,
     password and TLS files when the bus asks for them."""
-    auth: dict[str, Any] = {}
-    if settings is not None:
-        auth = {"user": settings.nats_user, "password": settings.nats_password,
-                "tls_ca": settings.nats_tls_ca, "tls_cert": settings.nats_tls_cert,
-                "tls_key": settings.nats_tls_key}
+    auth: dict[str, Any] = settings.nats_auth if settings is not None else {}
 
     async def quiet(_: Exception) -> None:
         return None

@@ -53,7 +53,7 @@ from libs.events import (
     WorkerExited,
     WorkerSlot,
 )
-from libs.leader import LeaderElection, NotLeader, follow, holder_name
+from libs.leader import LeaderElection, NotLeader, follow
 from libs.logs import get_logger
 from libs.settings import Settings
 from services.scheduler import config as scheduler_config
@@ -107,9 +107,7 @@ class Scheduler:
         self.kv = await bus.kv("jobs")
         if self.driver is None:  # now, so that a bad driver setting fails the start
             self.driver = make_driver(self.settings, bus)
-        self.election = LeaderElection(
-            bus, "scheduler", ttl_s=self.settings.leader_ttl_s,
-            holder=holder_name(self.settings.leader_id, self.settings.state_dir))
+        self.election = LeaderElection.for_service(bus, "scheduler", self.settings)
         await self.election.start()
         self._follow_task = await follow(self.election, lead=self._lead,
                                          abdicate=self._abdicate)
