@@ -148,7 +148,9 @@ async def test_a_lost_end_of_job_is_published_again_on_a_redelivered_exit(
         assert json.loads(again.data)["id"] == "short-completed"
         info = await bus.js.stream_info("CONTROL", subjects_filter=subject)
         assert info.state.subjects == {subject: 1}
-        # Once it is there, a further redelivery adds nothing.
+        # Once it is there, a further redelivery adds nothing: past the 1 s
+        # window, so the stream check (not de-duplication) is what holds.
+        await asyncio.sleep(1.5)
         await bus.publish(WorkerExited(source="test", node="n1", job="short", data=WorkerExitedData(
             rank=0, attempt=attempt, exit_code=0)))
         await asyncio.sleep(2)
