@@ -93,6 +93,11 @@ class FleetPolicy(_Model):
     node_drop: float = Field(default=0.045, gt=0, lt=1,
                              description="the node's geometric-mean score this far below")
     node_k: float = Field(default=2.0, gt=0, description="robust deviations of the node score")
+    retry_share: float = Field(
+        default=0.5, gt=0, le=1,
+        description="a retry confirms a low node score when it is itself this share of "
+                    "node_drop below its peers and both runs together are node_drop and "
+                    "node_k below")
     min_figure_spread: float = Field(
         default=0.01, gt=0, description="floor of a figure's relative spread when weighting")
     fail_drop: float = Field(default=0.50, gt=0, lt=1,

@@ -48,6 +48,8 @@ from services.bench.fleet import (
     Spread,
     compare_with_fleet,
     judge_node,
+    pool_retry,
+    score_ratio,
 )
 from services.bench.multinode import MultiNode
 from services.bench.protocol import (
@@ -237,6 +239,9 @@ class BenchCoordinator:
         if data.retry_of is not None:
             if pending and pending.get("request_id") == data.retry_of:
                 first = (pending["outcome"], pending["reason"])
+                judged = pool_retry(judged, pending.get("score_ratio"),
+                                    float(pending.get("score_z", 0.0)),
+                                    policy=self.config.current.fleet)
                 repeated = bool(set(pending.get("flagged", [])) & set(judged.flagged))
             else:  # we lost the first run: this repeat stands alone
                 first = (judged.outcome, judged.reason)
@@ -251,6 +256,7 @@ class BenchCoordinator:
                                       attempt=data.attempt + 1, retry_of=request_id)))
             record["pending"] = {"request_id": request_id, "outcome": decision.outcome,
                                  "reason": decision.reason, "flagged": judged.flagged,
+                                 "score_ratio": score_ratio(judged), "score_z": judged.score_z,
                                  "time": time.time()}
             self.retries += 1
             self._log.info("bench retry requested", node=event.node, request=request_id,

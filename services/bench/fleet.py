@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from services.bench.config import FleetPolicy
@@ -243,6 +243,42 @@ def judge_node(
         reason = f"within the fleet (node score {score / score_median - 1:+.1%})"
     return NodeJudgement(outcome, reason, verdicts, score, score_median, score_z, len(peers),
                          score_flagged)
+
+
+def score_ratio(judged: NodeJudgement) -> float | None:
+    """A node's score against the median score of its peers (1.0: typical)."""
+    if judged.score is None or not judged.score_median:
+        return None
+    return judged.score / judged.score_median
+
+
+def pool_retry(retry: NodeJudgement, first_ratio: float | None, first_z: float, *,
+               policy: FleetPolicy) -> NodeJudgement:
+    """The retry's judgement with the node score weighed over both runs.
+
+    A retry asks whether a low first run was a fluke. Judged alone, against
+    four fresh peers, the retry of a node that really is 10% slow misses the
+    bar now and then (one run's noise is a few percent here), and the node
+    would go free. So the two runs are pooled: the geometric mean of the two
+    score ratios and the combined robust z (Stouffer: (z1 + z2) / sqrt 2;
+    the retry's scatter is the first sweep's, so both z are on one scale)
+    must clear ``node_drop`` and ``node_k``, and the retry on its own must
+    still be ``retry_share`` of ``node_drop`` below its peers, so that one
+    very low run beside a normal one is not enough. A healthy node that
+    looked low once is normal on retry, and stays healthy."""
+    ratio = score_ratio(retry)
+    if first_ratio is None or ratio is None or retry.score_flagged or first_ratio <= 0:
+        return retry
+    pooled = math.sqrt(first_ratio * ratio)
+    z = (first_z + retry.score_z) / math.sqrt(2)
+    if not (pooled - 1 < -policy.node_drop and z < -policy.node_k
+            and ratio - 1 < -policy.node_drop * policy.retry_share):
+        return retry
+    why = (f"node score {pooled - 1:+.1%} vs the fleet over the run and its retry "
+           f"({first_ratio - 1:+.1%}, {ratio - 1:+.1%}; robust z {z:.1f})")
+    reason = why if retry.outcome == "healthy" else f"{why}; {retry.reason}"
+    return replace(retry, outcome=worse(retry.outcome, "degraded"), reason=reason,
+                   score_flagged=True)
 
 
 def worse(a: Outcome, b: Outcome) -> Outcome:

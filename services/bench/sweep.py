@@ -24,7 +24,14 @@ from libs.bus import QUERY_SUBJECT, Bus
 from libs.events import BenchRequest, BenchRequestData, BenchResult, BenchResultData, BenchSweep
 from libs.logs import get_logger
 from services.bench.config import ConfigFile
-from services.bench.fleet import NodeJudgement, Outcome, Spread, fleet_spread
+from services.bench.fleet import (
+    NodeJudgement,
+    Outcome,
+    Spread,
+    fleet_spread,
+    pool_retry,
+    score_ratio,
+)
 from services.bench.triage import decide
 from services.bench.turns import TurnRing
 
@@ -199,6 +206,9 @@ class Sweeps:
                     continue
                 peers = self._figures(again, [h for h in helpers if h in again])
                 retry_judged, retry_local = coord.judge(again[node].data, peers, spread)
+                before = judged[node][0]
+                retry_judged = pool_retry(retry_judged, score_ratio(before), before.score_z,
+                                          policy=coord.config.current.fleet)
                 final = decide(local=retry_local,
                                fleet=(retry_judged.outcome, retry_judged.reason),
                                first=(decisions[node].outcome, decisions[node].reason),
@@ -231,7 +241,6 @@ class Sweeps:
 
 
 def _ratio(judged: NodeJudgement) -> float:
-    """A node's score against the median score of its peers (1.0: typical)."""
-    if judged.score is None or not judged.score_median:
-        return 1.0
-    return judged.score / judged.score_median
+    """A node's score against its peers' (1.0: typical, or when unknown)."""
+    ratio = score_ratio(judged)
+    return 1.0 if ratio is None else ratio

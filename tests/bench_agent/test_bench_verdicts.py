@@ -167,3 +167,39 @@ def test_a_retry_with_a_different_symptom_is_transient() -> None:
     broken = decide(local=("failed", "NaN"), fleet=("healthy", ""), first=first,
                     repeated=False)
     assert broken.outcome == "degraded"  # the milder of the two runs, never cleared
+
+
+def test_a_retry_confirms_a_slow_node_over_both_runs_but_not_a_one_off_low_run() -> None:
+    from services.bench.fleet import fleet_spread, pool_retry, score_ratio
+
+    sweep = peers(8, 0.02, seed=3)
+    calm = {n: judge_node(run(1.0), {m: v for m, v in sweep.items() if m != n}, policy=POLICY)
+            for n in sweep}
+    spread = fleet_spread(sweep, calm)
+    helpers = dict(list(sweep.items())[:4])
+
+    def first_and_retry(first_scale: float, retry_scale: float):  # type: ignore[no-untyped-def]
+        first = judge_node(run(first_scale), sweep, policy=POLICY, spread=spread)
+        retry = judge_node(run(retry_scale), helpers, policy=POLICY, spread=spread)
+        return first, retry, pool_retry(retry, score_ratio(first), first.score_z,
+                                        policy=POLICY)
+
+    # A node 10% slow whose retry came out only 3.5% low: alone the retry is
+    # within the fleet; over both runs the node is clearly slow.
+    first, retry, pooled = first_and_retry(0.90, 0.965)
+    assert first.score_flagged and not retry.score_flagged
+    assert pooled.outcome == "degraded" and "node_score" in pooled.flagged
+    assert "over the run and its retry" in pooled.reason
+    # Repeated: the verdict stands.
+    final = decide(local=("healthy", ""), fleet=(pooled.outcome, pooled.reason),
+                   first=(first.outcome, first.reason),
+                   repeated=bool(set(first.flagged) & set(pooled.flagged)))
+    assert final.outcome == "degraded"
+    # A healthy node that looked low once and normal on retry stays healthy,
+    # and so does one whose retry is low but not low enough on its own.
+    for retry_scale in (1.0, 0.985):
+        _, _, pooled = first_and_retry(0.93, retry_scale)
+        assert pooled.outcome == "healthy" and not pooled.score_flagged
+    # No first score (a lost first run): the retry is judged alone.
+    _, retry, _ = first_and_retry(0.9, 0.99)
+    assert pool_retry(retry, None, 0.0, policy=POLICY) is retry
