@@ -69,9 +69,6 @@ from libs.leader import LEASES_BUCKET
 
 INBOX = "_INBOX.>"
 ANY_DURABLE = "*"  # a durable whose name carries a key (one per node)
-# The lens-collector replicas elect the alert evaluator through this bucket
-# (services/lens_collector/alerting.py Lease), created on first use.
-LENS_LEADER_BUCKET = "lens-leader"
 # Request-reply subjects outside the event streams (services/*/protocol.py).
 LENS_QUERY = f"{SUBJECT_ROOT}.lens.query"
 BENCH_PROGRESS = f"{SUBJECT_ROOT}.progress.bench.*"
@@ -177,7 +174,7 @@ ROLES: tuple[Role, ...] = (
             Consumer(CONTROL, "lens-events", CONTROL.subjects),
             Consumer(TELEMETRY, "lens-telemetry", TELEMETRY.subjects),
         ),
-        kv_write=(LENS_LEADER_BUCKET,),
+        leases=("lens-alerts",),  # the replica that evaluates the alert rules
         serves=(LENS_QUERY,),
     ),
     Role(

@@ -1,15 +1,15 @@
 """The alert loop: asks the store what happened, feeds the rules, publishes.
 
 Collector replicas share the telemetry consumer, so no replica sees every
-sample; ClickHouse does. One replica at a time (the holder of a lease in the
-``lens-leader`` KV bucket, which expires when its holder stops renewing it)
-queries each window of ``interval_s`` (ending ``lag_s`` ago, so late rows
-are in) for what the rules need: only the GPUs above an alert level or in a
-breach the rules watch, each job's progress, losses, throughput and newest
-checkpoint, and each node's newest sample. The transitions go out as
-``lens.alert`` events with ids derived from the alert, so a second
-evaluator's copies are dropped by the bus; the collector stores them from
-the CONTROL stream like any event.
+sample; ClickHouse does. One replica at a time (the leader of the
+``lens-alerts`` role, elected by ``libs.leader``) queries each window of
+``interval_s`` (ending ``lag_s`` ago, so late rows are in) for what the
+rules need: only the GPUs above an alert level or in a breach the rules
+watch, each job's progress, losses, throughput and newest checkpoint, and
+each node's newest sample. The transitions go out as ``lens.alert`` events
+with ids derived from the alert, so a second evaluator's copies are dropped
+by the bus; the collector stores them from the CONTROL stream like any
+event. A replica that takes over starts by reading what is open.
 """
 
 from __future__ import annotations
@@ -20,9 +20,6 @@ import time
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Any
-
-from nats.js import JetStreamContext, api
-from nats.js.errors import KeyWrongLastSequenceError
 
 from libs.events import LensAlert, LensAlertData
 from libs.logs import get_logger
@@ -56,35 +53,6 @@ FROM {db}.alerts FINAL WHERE state = 'open'
   AND alert_id NOT IN (SELECT alert_id FROM {db}.alerts WHERE state = 'closed')"""
 
 
-class Lease:
-    """Leader election over a KV key that expires unless its holder renews it."""
-
-    def __init__(self, js: JetStreamContext, holder: str, *, bucket: str = "lens-leader",
-                 key: str = "alerts", ttl_s: float = 10.0) -> None:
-        self.js, self.holder, self.bucket, self.key, self.ttl_s = js, holder, bucket, key, ttl_s
-        self._revision: int | None = None
-        self._kv: Any = None
-
-    async def hold(self) -> bool:
-        """Renew or take the lease; True while this holder has it."""
-        if self._kv is None:
-            self._kv = await self.js.create_key_value(api.KeyValueConfig(
-                bucket=self.bucket, ttl=self.ttl_s, history=1, storage=api.StorageType.FILE,
-                description="lens-collector: which replica evaluates alerts"))
-        value = self.holder.encode()
-        if self._revision is not None:
-            try:
-                self._revision = await self._kv.update(self.key, value, last=self._revision)
-                return True
-            except Exception:
-                self._revision = None
-        try:
-            self._revision = await self._kv.create(self.key, value)
-            return True
-        except KeyWrongLastSequenceError:
-            return False
-
-
 class AlertLoop:
     def __init__(self, engine: AlertEngine, *, query: Query, publish: Publish, source: str,
                  interval_s: float = 5.0, lag_s: float = 2.0,
@@ -95,10 +63,11 @@ class AlertLoop:
         self.published = 0
         self._log = get_logger(component="alerts")
 
-    async def run(self, lease: Lease | None) -> None:
+    async def run(self, leads: Callable[[], bool] | None = None) -> None:
+        """Evaluate every ``interval_s`` while ``leads()`` (None: always)."""
         while True:
             try:
-                if lease is None or await lease.hold():
+                if leads is None or leads():
                     await self.evaluate()
                 else:
                     self.watermark = None  # another replica evaluates; start over if we take over

@@ -18,7 +18,6 @@ import contextlib
 import gc
 import hashlib
 import os
-import socket
 import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
@@ -31,11 +30,12 @@ from pydantic import ValidationError
 
 from libs.bus import CONTROL, TELEMETRY, Bus
 from libs.events import SUBJECT_ROOT, Event, JobCompleted, JobFailed, parse_event
+from libs.leader import LeaderElection
 from libs.logs import get_logger
 from libs.settings import Settings
 from libs.specs import load_model
 from libs.store import migrate, open_store
-from services.lens_collector.alerting import AlertLoop, Lease
+from services.lens_collector.alerting import AlertLoop
 from services.lens_collector.alerts import AlertConfig, AlertEngine
 from services.lens_collector.ingest import Item, Route, event_id_of, route_of, store
 from services.lens_collector.queries import QueryError, resolve
@@ -44,6 +44,7 @@ from services.lens_collector.schema import MIGRATIONS
 
 QUERY_SUBJECT = f"{SUBJECT_ROOT}.lens.query"
 ALERTS_FILE_ENV = "PRIMUS_LENS_ALERTS_FILE"
+ALERTS_ROLE = "lens-alerts"  # the replica that evaluates the alert rules (libs.leader)
 
 
 class LensCollector:
@@ -65,6 +66,7 @@ class LensCollector:
         self._log = get_logger()
         self._alert_task: asyncio.Task[None] | None = None
         self.alerts: AlertLoop | None = None
+        self.election: LeaderElection | None = None
         if evaluate_alerts:
             path = os.environ.get(ALERTS_FILE_ENV)
             config = alerts or (load_model(Path(path), AlertConfig) if path else AlertConfig())
@@ -93,8 +95,11 @@ class LensCollector:
             self.alerts = AlertLoop(AlertEngine(self._alert_config), query=self._sql,
                                     publish=bus.publish, source=self.name,
                                     interval_s=self._alert_interval_s)
-            holder = f"{socket.gethostname()}-{os.getpid()}"
-            self._alert_task = asyncio.create_task(self.alerts.run(Lease(bus.js, holder)))
+            self.election = LeaderElection.for_service(bus, ALERTS_ROLE, self.settings)
+            await self.election.start()
+            election = self.election
+            self._alert_task = asyncio.create_task(
+                self.alerts.run(lambda: election.is_leader))
 
     # ------------------------------------------------------------------ writing
 
@@ -177,13 +182,16 @@ class LensCollector:
             self._alert_task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._alert_task
+        if self.election is not None:
+            await self.election.stop()  # a standby takes over now, not after the TTL
         self._pool.shutdown(wait=True)
 
     def health(self) -> dict[str, Any]:
         return {"rows_written": dict(self.rows_written), "refused": self.refused,
                 "redelivered": self.redelivered, "inserts": self.inserts,
                 "insert_s": round(self.insert_s, 3),
-                "alerts_published": self.alerts.published if self.alerts else 0}
+                "alerts_published": self.alerts.published if self.alerts else 0,
+                "alerts": self.election.describe() if self.election else None}
 
 
 def _delivered(msg: Msg) -> int:

@@ -27,7 +27,6 @@ from libs.embedded import nats_server_binary, wait_for_port
 from libs.leader import LEASES_BUCKET, LeaderElection
 from libs.nats_permissions import (
     ANY_DURABLE,
-    LENS_LEADER_BUCKET,
     ROLES,
     Role,
     event_subject,
@@ -35,7 +34,6 @@ from libs.nats_permissions import (
     render_users,
     role,
 )
-from services.lens_collector.alerting import Lease
 from tests.deploy.pki import make_pki
 
 ADMIN = "admin"  # the test's own eyes: sees and seeds everything
@@ -130,9 +128,6 @@ async def _exercise(r: Role, secured: SecuredNats, admin: Bus) -> None:
             ack = await bus.js.publish(concrete(event_subject(cls)), b"{}", timeout=10)
             assert ack.seq > 0, (r.name, cls.__name__)
         for bucket in r.kv_read + r.kv_write:
-            if bucket == LENS_LEADER_BUCKET:
-                assert await Lease(bus.js, f"{r.name}-test").hold()  # creates it, then writes
-                continue
             kv = await bus.kv(bucket)
             with contextlib.suppress(NoKeysError):
                 await kv.keys()
@@ -289,7 +284,7 @@ async def test_a_wrong_password_is_refused(secured: SecuredNats) -> None:
 
 def test_the_buckets_the_table_names_exist() -> None:
     names = {b for r in ROLES for b in r.kv_read + r.kv_write}
-    assert names <= set(KV_BUCKETS) | {LENS_LEADER_BUCKET}
+    assert names <= set(KV_BUCKETS)
 
 
 # --------------------------------------------------------------------------- TLS

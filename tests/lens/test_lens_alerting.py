@@ -92,3 +92,47 @@ async def test_a_restart_reopens_nothing_and_notices_silence() -> None:
     await second.evaluate()
     closed = [a for a in sent if a.data.state == "closed" and a.data.rule == "gpu_temp_high"]
     assert closed and closed[0].data.alert_id == opened.data.alert_id
+
+
+async def test_one_replica_evaluates_and_a_standby_takes_over_when_it_stops(
+        nats_url: str) -> None:
+    """Two collectors' alert loops on a real NATS: only the leader of the
+    ``lens-alerts`` lease asks the store; when it stops, the other does."""
+    import asyncio
+
+    from libs.bus import Bus
+    from libs.leader import LeaderElection
+
+    buses = [await Bus.connect(nats_url, f"lens-{i}") for i in range(2)]
+    await buses[0].ensure_topology()
+    stores = [Store(), Store()]
+    clock, sent = [1000.0], []
+    loops, elections, tasks = [], [], []
+    try:
+        for i, bus in enumerate(buses):
+            election = LeaderElection(bus, "lens-alerts", ttl_s=2, holder=f"replica-{i}")
+            await election.start()
+            loop = make(stores[i], clock, sent)
+            loop.interval_s = 0.05
+            elections.append(election)
+            loops.append(loop)
+            tasks.append(asyncio.create_task(loop.run(lambda e=election: e.is_leader)))
+        await asyncio.sleep(0.5)
+        leader = next(i for i, e in enumerate(elections) if e.is_leader)
+        standby = 1 - leader
+        assert stores[leader].asked and not stores[standby].asked
+        await elections[leader].stop()  # releases the lease: the standby takes it at once
+        tasks[leader].cancel()
+        for _ in range(100):
+            if stores[standby].asked:
+                break
+            await asyncio.sleep(0.05)
+        assert stores[standby].asked and elections[standby].is_leader
+        assert stores[standby].asked[0][0] == OPEN_SQL  # it first learns what is open
+    finally:
+        for task in tasks:
+            task.cancel()
+        for election in elections:
+            await election.stop()
+        for bus in buses:
+            await bus.close()
