@@ -62,6 +62,8 @@ class Failover:
         self.placements: dict[str, tuple[int, set[str]]] = {}  # job -> (attempt, nodes)
         self.bus: Bus | None = None
         self.kv: KeyValue | None = None
+        self._unsent: list[Decision] = []  # made, not yet published and recorded
+        self._sending = asyncio.Lock()
         self._task: asyncio.Task[None] | None = None
         self._log = get_logger()
 
@@ -146,6 +148,12 @@ class Failover:
                 self.monitor.blind(time.time())
                 continue
             try:
+                await self._act([])  # what an outage kept from going out
+            except Exception as exc:
+                self._log.warning("cannot send fault decisions yet", unsent=len(self._unsent),
+                                  error=repr(exc))
+                continue
+            try:
                 for missed in self.monitor.check(time.time()):
                     await self._act(self.book.observe(
                         "heartbeat_missed", missed.node, bad=True, now=time.time(),
@@ -156,34 +164,49 @@ class Failover:
                 self._log.exception("heartbeat check failed")
 
     async def _act(self, decisions: list[Decision]) -> None:
+        """Carry out decisions in order, each published and then recorded.
+
+        The fault book changed already when a decision was made, so a
+        decision that could not be sent (NATS away longer than a publish
+        waits) would never be made again: a redelivered event or the next
+        heartbeat check finds the fault open and does nothing. So unsent
+        decisions wait here, in order, and go out before anything newer —
+        on the next event or the next heartbeat tick. Ids are fixed per
+        fault and action, so a decision sent twice is one event."""
+        self._unsent.extend(decisions)
+        async with self._sending:  # the event handler and the heartbeat loop both act
+            while self._unsent:
+                await self._send(self._unsent[0])  # raises: it and the rest stay queued
+                self._unsent.pop(0)
+
+    async def _send(self, d: Decision) -> None:
         assert self.bus is not None
-        for d in decisions:
-            f = d.fault
-            node = f.key
-            changed = FaultChangedData(fault_id=f.fault_id, kind=f.kind, timings=f.timings())
-            if d.action == "open":
-                await self.bus.publish(FaultOpened(
-                    id=f.fault_id, source=SOURCE, node=node, data=FaultOpenedData(
-                        fault_id=f.fault_id, kind=f.kind, reason=f.reason, jobs=f.jobs,
-                        scope=f.scope, cordon=f.scope == "node" and f.failover)))
-                self._log.warning("fault opened", fault=f.fault_id, key=node, kind=f.kind,
-                                  jobs=f.jobs)
-            elif d.action == "restart_job":
-                await self.bus.publish(JobRecover(
-                    id=f"{f.fault_id}-recover", source=SOURCE, job=f.key,
-                    data=JobRecoverData(fault_id=f.fault_id, reason=f"{f.kind}: {f.reason}")))
-            elif d.action == "mitigate":
-                await self.bus.publish(FaultMitigated(id=f"{f.fault_id}-mitigated", source=SOURCE,
-                                                      node=node, data=changed))
-            elif d.action == "recovered":
-                await self.bus.publish(FaultRecovered(id=f"{f.fault_id}-recovered",
-                                                      source=SOURCE, node=node, data=changed))
-                self._log.info("recovered", fault=f.fault_id, **{k: v for k, v in
-                                                                 f.timings().items()})
-            elif d.action == "close":
-                await self.bus.publish(FaultClosed(id=f"{f.fault_id}-closed", source=SOURCE,
-                                                   node=node, data=changed))
-            await self._record(f)
+        f = d.fault
+        node = f.key
+        changed = FaultChangedData(fault_id=f.fault_id, kind=f.kind, timings=f.timings())
+        if d.action == "open":
+            await self.bus.publish(FaultOpened(
+                id=f.fault_id, source=SOURCE, node=node, data=FaultOpenedData(
+                    fault_id=f.fault_id, kind=f.kind, reason=f.reason, jobs=f.jobs,
+                    scope=f.scope, cordon=f.scope == "node" and f.failover)))
+            self._log.warning("fault opened", fault=f.fault_id, key=node, kind=f.kind,
+                              jobs=f.jobs)
+        elif d.action == "restart_job":
+            await self.bus.publish(JobRecover(
+                id=f"{f.fault_id}-recover", source=SOURCE, job=f.key,
+                data=JobRecoverData(fault_id=f.fault_id, reason=f"{f.kind}: {f.reason}")))
+        elif d.action == "mitigate":
+            await self.bus.publish(FaultMitigated(id=f"{f.fault_id}-mitigated", source=SOURCE,
+                                                  node=node, data=changed))
+        elif d.action == "recovered":
+            await self.bus.publish(FaultRecovered(id=f"{f.fault_id}-recovered",
+                                                  source=SOURCE, node=node, data=changed))
+            self._log.info("recovered", fault=f.fault_id, **{k: v for k, v in
+                                                             f.timings().items()})
+        elif d.action == "close":
+            await self.bus.publish(FaultClosed(id=f"{f.fault_id}-closed", source=SOURCE,
+                                               node=node, data=changed))
+        await self._record(f)
 
     async def _record(self, fault: Fault) -> None:
         assert self.kv is not None
@@ -196,4 +219,4 @@ class Failover:
     def health(self) -> dict[str, Any]:
         open_faults = [f.fault_id for f in self.book.faults.values() if f.status != "closed"]
         return {"watched_nodes": len(self.monitor.last_seen), "down": sorted(self.monitor.down),
-                "faults_open": open_faults}
+                "faults_open": open_faults, "decisions_unsent": len(self._unsent)}
