@@ -281,6 +281,10 @@ class Bus:
                         fill_s: float, max_deliver: int, ack_wait_s: float,
                         inflight: int, fast: bool = False) -> None:
         config = api.ConsumerConfig(
+            # Created by name, a single filter travels in the API subject
+            # (CONSUMER.CREATE.<stream>.<name>.<filter>), where the server's
+            # permissions can check it (libs/nats_permissions.py).
+            name=durable,
             durable_name=durable,
             ack_policy=api.AckPolicy.EXPLICIT,
             deliver_policy=api.DeliverPolicy.ALL,

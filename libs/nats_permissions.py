@@ -239,14 +239,13 @@ def _topology() -> list[str]:
 
 def _consumer(c: Consumer) -> list[str]:
     s, d = c.stream.name, c.durable
-    # Created by name (CONSUMER.CREATE, nats-server >= 2.9) a single filter
-    # travels in the API subject, so the server checks it; Bus declares
-    # consumers as durables (DURABLE.CREATE) whose filter rides in the body,
-    # so for now only the durable's name is pinned.
+    # Bus creates consumers by name (CONSUMER.CREATE, nats-server >= 2.9): a
+    # single filter travels in the API subject, so the server checks it and a
+    # role cannot widen its consumer to subjects it was not given. Several
+    # filters ride in the body; then only the durable's name is pinned.
     create = (f"$JS.API.CONSUMER.CREATE.{s}.{d}.{c.subjects[0]}" if len(c.subjects) == 1
               else f"$JS.API.CONSUMER.CREATE.{s}.{d}")
-    return [f"$JS.API.CONSUMER.DURABLE.CREATE.{s}.{d}", create,
-            f"$JS.API.CONSUMER.INFO.{s}.{d}", f"$JS.API.CONSUMER.MSG.NEXT.{s}.{d}",
+    return [create, f"$JS.API.CONSUMER.INFO.{s}.{d}", f"$JS.API.CONSUMER.MSG.NEXT.{s}.{d}",
             f"$JS.ACK.{s}.{d}.>"]
 
 

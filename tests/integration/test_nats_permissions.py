@@ -19,6 +19,7 @@ from pathlib import Path
 import nats
 import nats.errors
 import pytest
+from nats.js import api
 from nats.js.errors import KeyNotFoundError, NoKeysError
 
 from libs.bus import KV_BUCKETS, Bus
@@ -250,11 +251,23 @@ async def test_a_bench_agent_is_refused_the_schedulers_subjects(
         with pytest.raises(nats.errors.TimeoutError):
             await agent.nc.request("$JS.API.CONSUMER.MSG.NEXT.CONTROL.scheduler", b"{}",
                                    timeout=1)
+        # Its own durable name over the scheduler's events: the filter is
+        # in the API subject, and it may only filter on bench requests.
+        with pytest.raises((nats.errors.TimeoutError, asyncio.TimeoutError)):
+            await asyncio.wait_for(agent.js.add_consumer("CONTROL", api.ConsumerConfig(
+                name="bench-agent-n1", durable_name="bench-agent-n1",
+                filter_subject="safe.job.*.placed")), 2)
+        # Nor without a name (the filter in the body): that needs CONSUMER.CREATE.CONTROL.
+        with pytest.raises((nats.errors.TimeoutError, asyncio.TimeoutError)):
+            await asyncio.wait_for(agent.js.add_consumer("CONTROL", api.ConsumerConfig(
+                durable_name="bench-agent-n2", filter_subject="safe.job.*.placed")), 2)
     finally:
         await agent.close()
     violations = [e.lower() for e in errors if "permissions violation" in e.lower()]
     for subject in ("safe.job.x.placed", "safe.job.placed.x", "$kv.jobs.x", "$kv.leases.scheduler",
-                    "$js.api.consumer.msg.next.control.scheduler"):
+                    "$js.api.consumer.msg.next.control.scheduler",
+                    "$js.api.consumer.create.control.bench-agent-n1.safe.job.*.placed",
+                    "$js.api.consumer.durable.create.control.bench-agent-n2"):
         assert any(subject in v for v in violations), (subject, errors)
     # And nothing got through: the stream and the bucket hold no such thing.
     for subject in ("safe.job.x.placed", "safe.job.placed.x"):
