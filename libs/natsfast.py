@@ -107,11 +107,20 @@ class FastPublisher:
 
         self._task = asyncio.create_task(answer_pings())
 
-    def publish(self, subject: bytes, data: bytes, msg_id: bytes) -> None:
-        assert self._writer is not None
+    @staticmethod
+    def frame(subject: bytes, data: bytes, msg_id: bytes) -> bytes:
+        """The wire frame of one publish with a Nats-Msg-Id header."""
         hdr = b"NATS/1.0\r\nNats-Msg-Id: " + msg_id + b"\r\n\r\n"
-        self._writer.write(b"HPUB %s %d %d\r\n%s%s\r\n" % (
-            subject, len(hdr), len(hdr) + len(data), hdr, data))
+        return b"HPUB %s %d %d\r\n%s%s\r\n" % (subject, len(hdr), len(hdr) + len(data),
+                                                  hdr, data)
+
+    def publish(self, subject: bytes, data: bytes, msg_id: bytes) -> None:
+        self.write(self.frame(subject, data, msg_id))
+
+    def write(self, frames: bytes) -> None:
+        """Frames made by ``frame`` (any number, joined)."""
+        assert self._writer is not None
+        self._writer.write(frames)
 
     async def flush(self) -> None:
         assert self._writer is not None

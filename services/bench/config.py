@@ -95,9 +95,10 @@ class FleetPolicy(_Model):
     node_k: float = Field(default=2.0, gt=0, description="robust deviations of the node score")
     retry_share: float = Field(
         default=0.5, gt=0, le=1,
-        description="a retry confirms a low node score when it is itself this share of "
-                    "node_drop below its peers and both runs together are node_drop and "
-                    "node_k below")
+        description="a repeat whose node score is within this share of node_drop is normal; "
+                    "between that and node_drop it is unsure and the node is measured again")
+    max_retries: int = Field(default=2, ge=1, le=5,
+                             description="repeats of a suspect at most (unsure ones only)")
     min_figure_spread: float = Field(
         default=0.01, gt=0, description="floor of a figure's relative spread when weighting")
     fail_drop: float = Field(default=0.50, gt=0, lt=1,

@@ -48,8 +48,8 @@ from services.bench.fleet import (
     Spread,
     compare_with_fleet,
     judge_node,
-    pool_retry,
     score_ratio,
+    weigh_retries,
 )
 from services.bench.multinode import MultiNode
 from services.bench.protocol import (
@@ -239,9 +239,13 @@ class BenchCoordinator:
         if data.retry_of is not None:
             if pending and pending.get("request_id") == data.retry_of:
                 first = (pending["outcome"], pending["reason"])
-                judged = pool_retry(judged, pending.get("score_ratio"),
-                                    float(pending.get("score_z", 0.0)),
-                                    policy=self.config.current.fleet)
+                policy = self.config.current.fleet
+                earlier = [(float(r), float(z)) for r, z in pending.get("repeats", [])]
+                evidence, judged = weigh_retries(judged, earlier, policy=policy)
+                if (evidence == "unsure" and data.attempt - 1 < policy.max_retries
+                        and local[0] == "healthy" and judged.outcome == "healthy"):
+                    await self._repeat(event, record, pending, judged, earlier)
+                    return
                 repeated = bool(set(pending.get("flagged", [])) & set(judged.flagged))
             else:  # we lost the first run: this repeat stands alone
                 first = (judged.outcome, judged.reason)
@@ -256,7 +260,6 @@ class BenchCoordinator:
                                       attempt=data.attempt + 1, retry_of=request_id)))
             record["pending"] = {"request_id": request_id, "outcome": decision.outcome,
                                  "reason": decision.reason, "flagged": judged.flagged,
-                                 "score_ratio": score_ratio(judged), "score_z": judged.score_z,
                                  "time": time.time()}
             self.retries += 1
             self._log.info("bench retry requested", node=event.node, request=request_id,
@@ -264,6 +267,25 @@ class BenchCoordinator:
             return
         await self.publish_verdict(event, record, decision.outcome, decision.reason, judged,
                                    request_id)
+
+    async def _repeat(self, event: BenchResult, record: dict[str, Any],
+                      pending: dict[str, Any], judged: NodeJudgement,
+                      earlier: list[tuple[float, float]]) -> None:
+        """A repeat that could not tell (see ``weigh_retries``): measure once more."""
+        assert self.bus is not None
+        data = event.data
+        request_id = pending["request_id"]
+        self._fence()
+        await self.bus.publish(BenchRequest(
+            id=f"{request_id}-retry{data.attempt}", source=SOURCE, node=event.node,
+            data=BenchRequestData(level=data.level, reason=f"retry: unsure ({judged.reason})",
+                                  attempt=data.attempt + 1, retry_of=request_id)))
+        ratio = score_ratio(judged) or 1.0
+        record["pending"] = {**pending, "repeats": [*earlier, (ratio, judged.score_z)],
+                             "time": time.time()}
+        self.retries += 1
+        self._log.info("bench retry requested", node=event.node, request=request_id,
+                       outcome="unsure", reason=judged.reason)
 
     async def publish_verdict(self, event: BenchResult, record: dict[str, Any],
                               outcome: Outcome, reason: str, judged: NodeJudgement,

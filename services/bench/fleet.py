@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
@@ -252,33 +252,41 @@ def score_ratio(judged: NodeJudgement) -> float | None:
     return judged.score / judged.score_median
 
 
-def pool_retry(retry: NodeJudgement, first_ratio: float | None, first_z: float, *,
-               policy: FleetPolicy) -> NodeJudgement:
-    """The retry's judgement with the node score weighed over both runs.
+Evidence = Literal["low", "normal", "unsure"]
 
-    A retry asks whether a low first run was a fluke. Judged alone, against
-    four fresh peers, the retry of a node that really is 10% slow misses the
-    bar now and then (one run's noise is a few percent here), and the node
-    would go free. So the two runs are pooled: the geometric mean of the two
-    score ratios and the combined robust z (Stouffer: (z1 + z2) / sqrt 2;
-    the retry's scatter is the first sweep's, so both z are on one scale)
-    must clear ``node_drop`` and ``node_k``, and the retry on its own must
-    still be ``retry_share`` of ``node_drop`` below its peers, so that one
-    very low run beside a normal one is not enough. A healthy node that
-    looked low once is normal on retry, and stays healthy."""
-    ratio = score_ratio(retry)
-    if first_ratio is None or ratio is None or retry.score_flagged or first_ratio <= 0:
-        return retry
-    pooled = math.sqrt(first_ratio * ratio)
-    z = (first_z + retry.score_z) / math.sqrt(2)
-    if not (pooled - 1 < -policy.node_drop and z < -policy.node_k
-            and ratio - 1 < -policy.node_drop * policy.retry_share):
-        return retry
-    why = (f"node score {pooled - 1:+.1%} vs the fleet over the run and its retry "
-           f"({first_ratio - 1:+.1%}, {ratio - 1:+.1%}; robust z {z:.1f})")
-    reason = why if retry.outcome == "healthy" else f"{why}; {retry.reason}"
-    return replace(retry, outcome=worse(retry.outcome, "degraded"), reason=reason,
-                   score_flagged=True)
+
+def weigh_retries(last: NodeJudgement, earlier: Sequence[tuple[float, float]], *,
+                  policy: FleetPolicy) -> tuple[Evidence, NodeJudgement]:
+    """What the repeats of a suspect say about its node score: ``last`` (this
+    repeat's judgement) with ``earlier`` repeats as (score ratio, robust z).
+
+    The first run is left out on purpose: it made the node a suspect by
+    being low, so its figure is biased low (a healthy node picked for one
+    bad run would otherwise be judged on that run again). The repeats are
+    unbiased: their geometric-mean ratio and combined robust z (Stouffer,
+    (z1 + ... + zn) / sqrt n; every repeat takes its scatter from the first
+    sweep, so the z share one scale) are "low" past ``node_drop`` and
+    ``node_k`` — the node score is then flagged, over all repeats — and
+    "normal" within ``retry_share`` of ``node_drop``. In between a repeat
+    cannot tell a slow node from a noisy one, and says "unsure": measure
+    once more (``max_retries``)."""
+    ratio = score_ratio(last)
+    if ratio is None or ratio <= 0 or any(r <= 0 for r, _ in earlier):
+        return ("low" if last.score_flagged else "normal"), last
+    ratios = [r for r, _ in earlier] + [ratio]
+    pooled = math.exp(sum(math.log(r) for r in ratios) / len(ratios))
+    z = (sum(z for _, z in earlier) + last.score_z) / math.sqrt(len(ratios))
+    if pooled - 1 < -policy.node_drop and z < -policy.node_k:
+        if last.score_flagged and not earlier:
+            return "low", last
+        why = (f"node score {pooled - 1:+.1%} vs the fleet over {len(ratios)} repeats "
+               f"({', '.join(f'{r - 1:+.1%}' for r in ratios)}; robust z {z:.1f})")
+        reason = why if last.outcome == "healthy" else f"{why}; {last.reason}"
+        return "low", replace(last, outcome=worse(last.outcome, "degraded"), reason=reason,
+                              score_flagged=True)
+    if pooled - 1 > -policy.node_drop * policy.retry_share:
+        return "normal", last
+    return "unsure", last
 
 
 def worse(a: Outcome, b: Outcome) -> Outcome:

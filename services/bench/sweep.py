@@ -29,8 +29,8 @@ from services.bench.fleet import (
     Outcome,
     Spread,
     fleet_spread,
-    pool_retry,
     score_ratio,
+    weigh_retries,
 )
 from services.bench.triage import decide
 from services.bench.turns import TurnRing
@@ -193,29 +193,41 @@ class Sweeps:
                        and d.outcome == "healthy"]
             # The most typical healthy nodes: scores nearest the sweep's median.
             helpers = sorted(healthy, key=lambda n: (abs(_ratio(judged[n][0]) - 1), n))[:HELPERS]
-            again = await self.measure(f"{session}-retry", suspects + helpers, level=level,
-                                       turns=turns, attempt=2,
-                                       retry_of={n: f"{session}-{n}" for n in suspects})
             # The fresh helpers give the medians; the first pass, with all its
             # healthy-looking nodes, gives the scatter.
             calm = [n for n in first if n not in suspects]
             spread = fleet_spread(self._figures(first, calm),
                                   {n: judged[n][0] for n in calm})
-            for node in suspects:
-                if node not in again:
-                    continue
+            policy = coord.config.current.fleet
+            repeats: dict[str, list[tuple[float, float]]] = {n: [] for n in suspects}
+            pending, attempt = suspects, 2
+            while pending:
+                name = f"{session}-retry" + ("" if attempt == 2 else str(attempt - 1))
+                again = await self.measure(name, pending + helpers, level=level, turns=turns,
+                                           attempt=attempt,
+                                           retry_of={n: f"{session}-{n}" for n in pending})
                 peers = self._figures(again, [h for h in helpers if h in again])
-                retry_judged, retry_local = coord.judge(again[node].data, peers, spread)
-                before = judged[node][0]
-                retry_judged = pool_retry(retry_judged, score_ratio(before), before.score_z,
-                                          policy=coord.config.current.fleet)
-                final = decide(local=retry_local,
-                               fleet=(retry_judged.outcome, retry_judged.reason),
-                               first=(decisions[node].outcome, decisions[node].reason),
-                               repeated=bool(set(judged[node][0].flagged)
-                                             & set(retry_judged.flagged)))
-                await self._verdict(again[node], final.outcome, final.reason, retry_judged,
-                                    retried=True, out=verdicts, request_id=f"{session}-{node}")
+                unsure = []
+                for node in pending:
+                    if node not in again:
+                        continue
+                    retry_judged, retry_local = coord.judge(again[node].data, peers, spread)
+                    evidence, retry_judged = weigh_retries(retry_judged, repeats[node],
+                                                           policy=policy)
+                    if (evidence == "unsure" and attempt - 1 < policy.max_retries
+                            and retry_local[0] == "healthy" and retry_judged.outcome == "healthy"):
+                        repeats[node].append((_ratio(retry_judged), retry_judged.score_z))
+                        unsure.append(node)
+                        continue
+                    final = decide(local=retry_local,
+                                   fleet=(retry_judged.outcome, retry_judged.reason),
+                                   first=(decisions[node].outcome, decisions[node].reason),
+                                   repeated=bool(set(judged[node][0].flagged)
+                                                 & set(retry_judged.flagged)))
+                    await self._verdict(again[node], final.outcome, final.reason, retry_judged,
+                                        retried=True, out=verdicts,
+                                        request_id=f"{session}-{node}")
+                pending, attempt = unsure, attempt + 1
         missing = sorted(set(nodes) - set(first)) + [f"{n} (retry)" for n in suspects
                                                      if n not in verdicts]
         self._log.info("sweep done", session=session, nodes=len(nodes), suspects=suspects,

@@ -169,8 +169,8 @@ def test_a_retry_with_a_different_symptom_is_transient() -> None:
     assert broken.outcome == "degraded"  # the milder of the two runs, never cleared
 
 
-def test_a_retry_confirms_a_slow_node_over_both_runs_but_not_a_one_off_low_run() -> None:
-    from services.bench.fleet import fleet_spread, pool_retry, score_ratio
+def test_repeats_weigh_a_suspect_without_its_first_run() -> None:
+    from services.bench.fleet import fleet_spread, score_ratio, weigh_retries
 
     sweep = peers(8, 0.02, seed=3)
     calm = {n: judge_node(run(1.0), {m: v for m, v in sweep.items() if m != n}, policy=POLICY)
@@ -178,28 +178,33 @@ def test_a_retry_confirms_a_slow_node_over_both_runs_but_not_a_one_off_low_run()
     spread = fleet_spread(sweep, calm)
     helpers = dict(list(sweep.items())[:4])
 
-    def first_and_retry(first_scale: float, retry_scale: float):  # type: ignore[no-untyped-def]
-        first = judge_node(run(first_scale), sweep, policy=POLICY, spread=spread)
-        retry = judge_node(run(retry_scale), helpers, policy=POLICY, spread=spread)
-        return first, retry, pool_retry(retry, score_ratio(first), first.score_z,
-                                        policy=POLICY)
+    def repeat(scale: float):  # type: ignore[no-untyped-def]
+        return judge_node(run(scale), helpers, policy=POLICY, spread=spread)
 
-    # A node 10% slow whose retry came out only 3.5% low: alone the retry is
-    # within the fleet; over both runs the node is clearly slow.
-    first, retry, pooled = first_and_retry(0.90, 0.965)
-    assert first.score_flagged and not retry.score_flagged
-    assert pooled.outcome == "degraded" and "node_score" in pooled.flagged
-    assert "over the run and its retry" in pooled.reason
-    # Repeated: the verdict stands.
-    final = decide(local=("healthy", ""), fleet=(pooled.outcome, pooled.reason),
+    def weigh(*scales: float):  # type: ignore[no-untyped-def]
+        *before, last = [repeat(x) for x in scales]
+        earlier = [(score_ratio(j), j.score_z) for j in before]
+        return weigh_retries(last, earlier, policy=POLICY)  # type: ignore[arg-type]
+
+    # One repeat: clearly low, clearly normal, or in between (measure again).
+    evidence, judged = weigh(0.90)
+    assert evidence == "low" and judged.score_flagged and judged.outcome == "degraded"
+    assert weigh(1.0)[0] == "normal" and weigh(0.985)[0] == "normal"
+    evidence, judged = weigh(0.965)
+    assert evidence == "unsure" and judged.outcome == "healthy"
+    # A node 10% slow whose first repeat came out only 3.5% low: the second
+    # repeat settles it, over both repeats.
+    evidence, judged = weigh(0.965, 0.90)
+    assert evidence == "low" and "node_score" in judged.flagged
+    assert "over 2 repeats" in judged.reason and judged.outcome == "degraded"
+    # A healthy node that looked very low once (the first run, not weighed
+    # here) and a little low on repeat: normal the next time, and cleared.
+    evidence, judged = weigh(0.965, 1.0)
+    assert evidence == "normal" and judged.outcome == "healthy"
+    # The verdict of a confirmed repeat stands (the first run flagged its score too).
+    first = judge_node(run(0.90), sweep, policy=POLICY, spread=spread)
+    evidence, judged = weigh(0.965, 0.90)
+    final = decide(local=("healthy", ""), fleet=(judged.outcome, judged.reason),
                    first=(first.outcome, first.reason),
-                   repeated=bool(set(first.flagged) & set(pooled.flagged)))
+                   repeated=bool(set(first.flagged) & set(judged.flagged)))
     assert final.outcome == "degraded"
-    # A healthy node that looked low once and normal on retry stays healthy,
-    # and so does one whose retry is low but not low enough on its own.
-    for retry_scale in (1.0, 0.985):
-        _, _, pooled = first_and_retry(0.93, retry_scale)
-        assert pooled.outcome == "healthy" and not pooled.score_flagged
-    # No first score (a lost first run): the retry is judged alone.
-    _, retry, _ = first_and_retry(0.9, 0.99)
-    assert pool_retry(retry, None, 0.0, policy=POLICY) is retry
