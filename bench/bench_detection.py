@@ -4,8 +4,9 @@ Starts a real nats-server, the bench coordinator and N bench agents (local
 "nodes", each its own process group) with the shipped standard-level
 configuration, slows one node down, and runs R fleet sweeps of the standard
 level after one warm-up sweep. Each sweep ends with the coordinator's
-verdict on every node, which includes the repeat of any node that looked
-unhealthy (measured again beside four nodes that looked healthy).
+verdict on every node, which includes the repeats of any node that looked
+unhealthy (measured again beside four nodes that looked healthy, judged on
+its repeats only, once more when a repeat cannot tell).
 
 One node at a time: the nodes share this machine's two cores, so in a sweep
 they take turns, one timed sample each (services/bench/turns.py), and never

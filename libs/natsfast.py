@@ -233,39 +233,42 @@ class FastPuller:
             self._wake.set()  # the next fetch reconnects
 
     def _parse(self, buf: bytearray) -> int:
-        """Frames in ``buf``; returns how many bytes were used."""
+        """Frames in ``buf``; returns how many bytes were used. Each payload is
+        copied out once (through a memoryview: slicing the bytearray itself
+        would copy twice), and the view is let go before ``buf`` shrinks."""
         pos, size, out, nc = 0, len(buf), self._buffer, self._nc
-        while True:
-            eol = buf.find(b"\r\n", pos)
-            if eol < 0:
-                return pos
-            op = buf[pos:pos + 4]
-            if op == b"HMSG" or op[:3] == b"MSG":
-                parts = bytes(buf[pos:eol]).split()
-                if parts[0] == b"HMSG":
-                    reply = parts[3] if len(parts) == 6 else b""
-                    hlen, total = int(parts[-2]), int(parts[-1])
-                else:
-                    reply = parts[3] if len(parts) == 5 else b""
-                    hlen, total = 0, int(parts[-1])
-                start = eol + 2
-                if start + total + 2 > size:
-                    return pos  # the rest of this frame has not arrived yet
-                hdr = bytes(buf[start:start + hlen]) if hlen else b""
-                data = bytes(buf[start + hlen:start + total])
-                pos = start + total + 2
-                if not data and hdr.startswith(b"NATS/1.0 "):
-                    if hdr.startswith(_ENDS) and parts[1] == self._current:
-                        self._ended = True  # this request ended (not an earlier one)
-                    continue  # 100: heartbeat / flow control
-                out.append(FastMsg(nc, parts[1].decode(), reply.decode(), data,
-                                   _headers(hdr) if hdr else None))
-                continue
-            if op == b"PING":
-                self._write(b"PONG\r\n")
-            elif op == b"-ERR":
-                self._ended = True
-            pos = eol + 2  # +OK, PONG, INFO
+        with memoryview(buf) as view:
+            while True:
+                eol = buf.find(b"\r\n", pos)
+                if eol < 0:
+                    return pos
+                hmsg = buf.startswith(b"HMSG", pos)
+                if hmsg or buf.startswith(b"MSG", pos):
+                    parts = buf[pos:eol].split()
+                    if hmsg:
+                        reply = parts[3] if len(parts) == 6 else b""
+                        hlen, total = int(parts[-2]), int(parts[-1])
+                    else:
+                        reply = parts[3] if len(parts) == 5 else b""
+                        hlen, total = 0, int(parts[-1])
+                    start = eol + 2
+                    if start + total + 2 > size:
+                        return pos  # the rest of this frame has not arrived yet
+                    hdr = bytes(view[start:start + hlen]) if hlen else b""
+                    data = bytes(view[start + hlen:start + total])
+                    pos = start + total + 2
+                    if not data and hdr.startswith(b"NATS/1.0 "):
+                        if hdr.startswith(_ENDS) and parts[1] == self._current:
+                            self._ended = True  # this request ended (not an earlier one)
+                        continue  # 100: heartbeat / flow control
+                    out.append(FastMsg(nc, parts[1].decode(), reply.decode(), data,
+                                       _headers(hdr) if hdr else None))
+                    continue
+                if buf.startswith(b"PING", pos):
+                    self._write(b"PONG\r\n")
+                elif buf.startswith(b"-ERR", pos):
+                    self._ended = True
+                pos = eol + 2  # +OK, PONG, INFO
 
 
 def _headers(raw: bytes) -> dict[str, str]:
