@@ -264,8 +264,8 @@ def weigh_retries(last: NodeJudgement, earlier: Sequence[tuple[float, float]], *
     being low, so its figure is biased low (a healthy node picked for one
     bad run would otherwise be judged on that run again). The repeats are
     unbiased: their geometric-mean ratio and combined robust z (Stouffer,
-    (z1 + ... + zn) / sqrt n; every repeat takes its scatter from the first
-    sweep, so the z share one scale) are "low" past ``node_drop`` and
+    (z1 + ... + zn) / sqrt n; in a sweep every repeat takes its scatter from
+    the first pass, so the z share one scale) are "low" past ``node_drop`` and
     ``node_k`` — the node score is then flagged, over all repeats — and
     "normal" within ``retry_share`` of ``node_drop``. In between a repeat
     cannot tell a slow node from a noisy one, and says "unsure": measure
