@@ -60,7 +60,7 @@ from services.bench.protocol import (
     SWEEP_SUBJECT,
 )
 from services.bench.sweep import Sweeps
-from services.bench.triage import decide
+from services.bench.triage import decide, measure_again
 
 SOURCE = "bench-coordinator"
 JUDGED_LEVELS = ("standard", "full")
@@ -242,8 +242,8 @@ class BenchCoordinator:
                 policy = self.config.current.fleet
                 earlier = [(float(r), float(z)) for r, z in pending.get("repeats", [])]
                 evidence, judged = weigh_retries(judged, earlier, policy=policy)
-                if (evidence == "unsure" and data.attempt - 1 < policy.max_retries
-                        and local[0] == "healthy" and judged.outcome == "healthy"):
+                if measure_again(evidence, attempt=data.attempt, max_retries=policy.max_retries,
+                                 local=local[0], fleet=judged.outcome):
                     await self._repeat(event, record, pending, judged, earlier)
                     return
                 repeated = bool(set(pending.get("flagged", [])) & set(judged.flagged))

@@ -32,7 +32,7 @@ from services.bench.fleet import (
     score_ratio,
     weigh_retries,
 )
-from services.bench.triage import decide
+from services.bench.triage import decide, measure_again
 from services.bench.turns import TurnRing
 
 
@@ -214,8 +214,8 @@ class Sweeps:
                     retry_judged, retry_local = coord.judge(again[node].data, peers, spread)
                     evidence, retry_judged = weigh_retries(retry_judged, repeats[node],
                                                            policy=policy)
-                    if (evidence == "unsure" and attempt - 1 < policy.max_retries
-                            and retry_local[0] == "healthy" and retry_judged.outcome == "healthy"):
+                    if measure_again(evidence, attempt=attempt, max_retries=policy.max_retries,
+                                     local=retry_local[0], fleet=retry_judged.outcome):
                         repeats[node].append((_ratio(retry_judged), retry_judged.score_z))
                         unsure.append(node)
                         continue

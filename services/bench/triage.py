@@ -16,7 +16,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from services.bench.fleet import Outcome, worse
+from services.bench.fleet import Evidence, Outcome, worse
 from services.bench.split_search import Group
 from services.bench.verdict import confirm
 
@@ -50,6 +50,16 @@ def decide(*, local: tuple[Outcome, str], fleet: tuple[Outcome, str],
     if local[0] == "failed":  # the agent saw it twice already
         return Decision("verdict", current, reason)
     return Decision("retry", current, reason)
+
+
+def measure_again(evidence: Evidence, *, attempt: int, max_retries: int,
+                  local: Outcome, fleet: Outcome) -> bool:
+    """Whether a repeat (run number ``attempt``) that could not tell the node
+    score either way (``weigh_retries``) earns one more run: only while
+    repeats are left, and only when nothing else in the run (the agent's
+    checks, a single figure) already says what is wrong."""
+    return (evidence == "unsure" and attempt - 1 < max_retries
+            and local == "healthy" and fleet == "healthy")
 
 
 @dataclass(frozen=True)

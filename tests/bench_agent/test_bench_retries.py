@@ -14,7 +14,7 @@ import pytest
 
 from libs.bus import CONTROL, Bus
 from libs.events import BenchRequest, BenchResult, BenchResultData, Figure, parse_event
-from tests.bench_agent.test_bench_stack import Stack, healthy
+from tests.bench_agent.stack import Stack, healthy
 
 pytestmark = pytest.mark.timeout(300)
 

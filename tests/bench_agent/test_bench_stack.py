@@ -15,7 +15,6 @@ import asyncio
 import json
 import os
 import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -24,9 +23,8 @@ import pytest
 
 from libs.bus import Bus
 from libs.events import BenchResult, parse_event
-from libs.service import health_subject
 from services.bench.protocol import SEARCH_SUBJECT, SWEEP_SUBJECT
-from tests.helpers import ROOT, run_cli
+from tests.bench_agent.stack import Stack, healthy
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -44,42 +42,6 @@ fleet:
   figure_drop: 0.9
   fail_drop: 0.95
 """
-
-
-class Stack:
-    def __init__(self, nats_url: str, tmp: Path, config: Path, path: str | None = None) -> None:
-        self.env = {k: v for k, v in os.environ.items() if not k.startswith("PRIMUS_")}
-        self.env.update(PRIMUS_NATS_URL=nats_url, PRIMUS_STATE_DIR=str(tmp / "state"),
-                        PRIMUS_BENCH_CONFIG=str(config), OMP_NUM_THREADS="1")
-        if path is not None:
-            self.env["PATH"] = path
-        self.tmp = tmp
-        self.procs: dict[str, subprocess.Popen[bytes]] = {}
-
-    def start(self, name: str, *args: str) -> None:
-        with (self.tmp / f"{name}.log").open("wb") as log:
-            self.procs[name] = subprocess.Popen(
-                [sys.executable, "-m", "cli.main", *args], cwd=ROOT, env=self.env, stdout=log,
-                stderr=subprocess.STDOUT, start_new_session=True)
-
-    def stop(self) -> dict[str, int]:
-        for proc in self.procs.values():
-            proc.send_signal(signal.SIGTERM)
-        return {name: proc.wait(30) for name, proc in self.procs.items()}
-
-    def cli(self, *args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
-        return run_cli(*args, env=self.env, timeout=timeout)
-
-
-async def healthy(bus: Bus, service: str, node: str | None = None) -> dict:  # type: ignore[type-arg]
-    deadline = time.monotonic() + 90
-    while True:
-        try:
-            return await bus.request(health_subject(service, node), timeout_s=1)
-        except Exception:
-            if time.monotonic() > deadline:
-                raise
-            await asyncio.sleep(0.3)
 
 
 async def test_standard_verdicts_sweep_pairing_and_split_search(

@@ -208,3 +208,18 @@ def test_repeats_weigh_a_suspect_without_its_first_run() -> None:
                    first=(first.outcome, first.reason),
                    repeated=bool(set(first.flagged) & set(judged.flagged)))
     assert final.outcome == "degraded"
+
+
+def test_only_an_unsure_repeat_with_nothing_else_wrong_is_measured_again() -> None:
+    from services.bench.triage import measure_again
+
+    assert measure_again("unsure", attempt=2, max_retries=2, local="healthy", fleet="healthy")
+    assert not measure_again("unsure", attempt=3, max_retries=2, local="healthy",
+                             fleet="healthy")  # no repeats left
+    assert not measure_again("unsure", attempt=2, max_retries=2, local="failed",
+                             fleet="healthy")
+    assert not measure_again("unsure", attempt=2, max_retries=2, local="healthy",
+                             fleet="degraded")  # a figure says what is wrong already
+    assert not measure_again("low", attempt=2, max_retries=2, local="healthy", fleet="healthy")
+    assert not measure_again("normal", attempt=2, max_retries=2, local="healthy",
+                             fleet="healthy")

@@ -9,6 +9,8 @@ import json
 import time
 from pathlib import Path
 
+import pytest
+
 from libs.bus import Bus
 from libs.embedded import NatsServer
 from libs.events import FaultOpened, parse_event
@@ -33,11 +35,8 @@ async def test_a_fault_decided_while_nats_is_down_goes_out_when_it_is_back(
         decisions = failover.book.observe("heartbeat_missed", "gpu-03", bad=True,
                                           now=time.time(), reason="no heartbeat")
         [opened] = [d for d in decisions if d.action == "open"]
-        try:
+        with pytest.raises(Exception):  # noqa: B017 - a timeout or a connection error
             await asyncio.wait_for(failover._act(decisions), 3)
-            raise AssertionError("published with the server down")
-        except Exception as exc:
-            assert not isinstance(exc, AssertionError), exc
         assert failover.health()["decisions_unsent"] == len(decisions)
         # The same observation again decides nothing new: the book moved on.
         assert failover.book.observe("heartbeat_missed", "gpu-03", bad=True,
