@@ -165,6 +165,7 @@ class Bus:
                 connect_timeout=2,
                 max_reconnect_attempts=-1,
                 reconnect_time_wait=0.5,
+                drain_timeout=5,  # a stop must fit the 30 s a pod gets after SIGTERM
                 error_cb=_error,
                 allow_reconnect=True,
             ), timeout_s)

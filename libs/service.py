@@ -1,5 +1,5 @@
 """The shell every service shares: logging, bus connection, topology,
-a health request, and a clean stop on SIGTERM/SIGINT.
+a health request, and a clean stop on SIGTERM/SIGINT, bounded in time.
 
 A service is an object with ``name``, ``async start(bus)``, ``async stop()``
 and ``health() -> dict``; ``run_service`` does the rest, so each service
@@ -9,6 +9,7 @@ folder only holds its own wiring around its pure core.
 from __future__ import annotations
 
 import asyncio
+import faulthandler
 import re
 import signal
 import socket
@@ -30,6 +31,11 @@ class Service(Protocol):
     def health(self) -> dict[str, Any]: ...
 
 
+# Kubernetes kills a pod 30 s after SIGTERM by default: each teardown step gets
+# a share of that, and one that overruns is named in the log, not waited for.
+STOP_STEP_S = 8.0
+
+
 def health_subject(service: str, node: str | None = None) -> str:
     return HEALTH_SUBJECT.format(service=service) + (f".{node}" if node else "")
 
@@ -42,6 +48,9 @@ def instance_token() -> str:
 
 async def run_service(service: Service, settings: Settings, *, node: str | None = None) -> int:
     log = configure(service.name, settings.log_level, node=node)
+    # `kill -USR1 PID` prints every thread's stack to stderr: what a process
+    # that will not stop is waiting on.
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -82,8 +91,12 @@ async def run_service(service: Service, settings: Settings, *, node: str | None 
     log.info("started")
     await stop.wait()
     log.info("stopping")
-    await bus.stop_consuming()  # no handler runs while the service tears down
-    await service.stop()
-    await bus.close()
+    steps = (("stop consuming", bus.stop_consuming),  # no handler runs during teardown
+             ("stop service", service.stop), ("close bus", bus.close))
+    for step, action in steps:
+        try:
+            await asyncio.wait_for(action(), STOP_STEP_S)
+        except TimeoutError:
+            log.error("stop step overran; going on", step=step, limit_s=STOP_STEP_S)
     log.info("stopped")
     return 0

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from libs.bus import Bus
@@ -20,6 +22,25 @@ def run_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 60,
     cmd = [exe] if exe else [sys.executable, "-m", "cli.main"]
     return subprocess.run([*cmd, *args], env=env, cwd=cwd, capture_output=True, text=True,
                           timeout=timeout)
+
+
+def stop_process(proc: subprocess.Popen[bytes], log: Path | None = None,
+                 timeout: float = 30) -> int:
+    """SIGTERM a service process and return its exit code. One that does not
+    stop in time is made to print its threads' stacks (the service shell
+    registers SIGUSR1 with faulthandler), killed, and reported with its log."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+    try:
+        return proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGUSR1)
+        time.sleep(2)
+        proc.kill()
+        proc.wait()
+        tail = log.read_text(errors="replace")[-6000:] if log is not None and log.exists() else ""
+        raise AssertionError(f"{proc.args} did not stop within {timeout} s of SIGTERM; "
+                             f"its log ends:\n{tail}") from None
 
 
 async def ready_nodes(bus: Bus, nodes: dict[str, tuple[int, str]]) -> None:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from libs.bus import Bus
 from libs.service import health_subject
-from tests.helpers import ROOT, run_cli
+from tests.helpers import ROOT, run_cli, stop_process
 
 
 class Stack:
@@ -34,8 +34,9 @@ class Stack:
 
     def stop(self) -> dict[str, int]:
         for proc in self.procs.values():
-            proc.send_signal(signal.SIGTERM)
-        return {name: proc.wait(30) for name, proc in self.procs.items()}
+            proc.send_signal(signal.SIGTERM)  # all at once: they stop in parallel
+        return {name: stop_process(proc, self.tmp / f"{name}.log")
+                for name, proc in self.procs.items()}
 
     def cli(self, *args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
         return run_cli(*args, env=self.env, timeout=timeout)

@@ -103,3 +103,42 @@ async def test_bootstrap_refuses_a_bad_hosts_file_before_any_effect(
     assert code == 1
     assert "Traceback" not in out and "line 3, field 'nodes.1.ip'" in out
     assert (await bus.js.stream_info("CONTROL")).state.messages == 0  # nothing half-applied
+
+
+STUCK_SERVICE = """
+import asyncio, sys
+import libs.service as shell
+from libs.settings import Settings
+
+class Stuck:
+    name = "stuck"
+    async def start(self, bus): pass
+    async def stop(self): await asyncio.Event().wait()  # never returns
+    def health(self): return {}
+
+shell.STOP_STEP_S = 1.0
+sys.exit(asyncio.run(shell.run_service(Stuck(), Settings())))
+"""
+
+
+async def test_a_stop_that_hangs_is_named_and_bounded_and_sigusr1_dumps_stacks(
+        nats_url: str, bus: Bus, tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PRIMUS_")}
+    proc = subprocess.Popen([sys.executable, "-c", STUCK_SERVICE], cwd=ROOT,
+                            env={**env, "PRIMUS_NATS_URL": nats_url}, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT)
+    try:
+        await health(bus, "stuck")
+        proc.send_signal(signal.SIGUSR1)  # a dump, not a stop
+        assert (await health(bus, "stuck"))["ok"] is True
+        proc.send_signal(signal.SIGTERM)
+        code = await asyncio.to_thread(proc.wait, 20)
+    finally:
+        proc.kill()
+    out = proc.stdout.read().decode()  # type: ignore[union-attr]
+    assert code == 0, out
+    assert "Current thread" in out and "most recent call first" in out  # faulthandler
+    events = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    overran = [e for e in events if e["event"] == "stop step overran; going on"]
+    assert [e["step"] for e in overran] == ["stop service"], out
+    assert events[-1]["event"] == "stopped"
