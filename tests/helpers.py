@@ -25,11 +25,12 @@ def run_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 60,
 
 
 def stop_process(proc: subprocess.Popen[bytes], log: Path | None = None,
-                 timeout: float = 30) -> int:
-    """SIGTERM a service process and return its exit code. One that does not
-    stop in time is made to print its threads' stacks (the service shell
-    registers SIGUSR1 with faulthandler), killed, and reported with its log."""
-    if proc.poll() is None:
+                 timeout: float = 30, *, signalled: bool = False) -> int:
+    """SIGTERM a service process (unless the caller already has: a second one
+    could land after its handler is gone) and return its exit code. One that
+    does not stop in time is made to print its threads' stacks (the service
+    shell registers SIGUSR1 with faulthandler), killed, and reported with its log."""
+    if not signalled:
         proc.send_signal(signal.SIGTERM)
     try:
         return proc.wait(timeout)

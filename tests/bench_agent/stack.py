@@ -35,7 +35,7 @@ class Stack:
     def stop(self) -> dict[str, int]:
         for proc in self.procs.values():
             proc.send_signal(signal.SIGTERM)  # all at once: they stop in parallel
-        return {name: stop_process(proc, self.tmp / f"{name}.log")
+        return {name: stop_process(proc, self.tmp / f"{name}.log", signalled=True)
                 for name, proc in self.procs.items()}
 
     def cli(self, *args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
