@@ -28,6 +28,7 @@ from nats.aio.msg import Msg
 from libs.logs import get_logger
 
 _ENDS = (b"NATS/1.0 404", b"NATS/1.0 408", b"NATS/1.0 409")
+_CUT_SHORT = b"NATS/1.0 409 Message Size Exceeds MaxBytes"
 _NS = 1_000_000_000
 _MSG_ID = b"NATS/1.0\r\nNats-Msg-Id: "
 # Bytes one pull request may bring: a bound on what the server queues for us
@@ -153,6 +154,7 @@ class FastPuller:
         self._buffer: list[FastMsg] = []
         self._want = 0
         self._ended = False
+        self._cut_short = False  # the request ended on MAX_BYTES: ask again for the rest
         self._wake = asyncio.Event()
 
     async def start(self) -> None:
@@ -177,28 +179,39 @@ class FastPuller:
 
     async def fetch(self, batch: int, *, timeout_s: float = 0.5, fill_s: float = 0.2
                     ) -> list[FastMsg]:
-        """Up to ``batch`` messages, waiting at most ``fill_s`` for the batch to fill."""
+        """Up to ``batch`` messages, waiting at most ``fill_s`` for the batch to
+        fill. One pull request brings at most ``MAX_BYTES``; when it ends early
+        on that bound, the next request asks for the rest within the same wait."""
         if not self.alive:
             await self.stop()
             await self.start()  # after a dropped connection: unacked ones come back anyway
-        if len(self._buffer) < batch:
-            expires = max(fill_s, 0.05)
-            body = json.dumps({"batch": batch - len(self._buffer), "max_bytes": MAX_BYTES,
-                               "expires": int(expires * _NS)}).encode()
-            self._request += 1
-            self._current = b"%s.%d" % (self._inbox, self._request)
-            self._ended = False
-            self._wake.clear()
-            self._write(b"PUB %s %s %d\r\n%s\r\n" % (self._next, self._current, len(body),
-                                                        body))
-            self._want = batch
+        deadline = asyncio.get_running_loop().time() + max(fill_s, 0.05)
+        while len(self._buffer) < batch and self.alive:
+            expires = deadline - asyncio.get_running_loop().time()
+            if expires < 0.01:
+                break
+            self._pull(batch - len(self._buffer), expires)
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(expires + 1.0):
                     while len(self._buffer) < batch and not self._ended and self.alive:
                         self._wake.clear()
                         await self._wake.wait()
+            if not self._cut_short:
+                break  # filled, or the wait expired: what came is the batch
         taken, self._buffer = self._buffer[:batch], self._buffer[batch:]
         return taken
+
+    def _pull(self, count: int, expires: float) -> None:
+        """Send one pull request; its status (end, or cut short by the byte
+        bound) comes to its own inbox subject."""
+        body = json.dumps({"batch": count, "max_bytes": MAX_BYTES,
+                           "expires": int(expires * _NS)}).encode()
+        self._request += 1
+        self._current = b"%s.%d" % (self._inbox, self._request)
+        self._ended = self._cut_short = False
+        self._wake.clear()
+        self._write(b"PUB %s %s %d\r\n%s\r\n" % (self._next, self._current, len(body), body))
+        self._want = len(self._buffer) + count
 
     async def ack(self, msgs: list[FastMsg]) -> None:
         """Ack every message with one write (an empty payload is an ack); over the
@@ -260,6 +273,7 @@ class FastPuller:
                     if not data and hdr.startswith(b"NATS/1.0 "):
                         if hdr.startswith(_ENDS) and parts[1] == self._current:
                             self._ended = True  # this request ended (not an earlier one)
+                            self._cut_short = hdr.startswith(_CUT_SHORT)
                         continue  # 100: heartbeat / flow control
                     out.append(FastMsg(nc, parts[1].decode(), reply.decode(), data,
                                        _headers(hdr) if hdr else None))

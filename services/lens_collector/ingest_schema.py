@@ -1,6 +1,8 @@
-"""DDL of the ingest path (schema migration 5): Null-engine tables that take
-telemetry messages as the agents and the SDK published them (JSONEachRow)
-and materialized views that spread them into the telemetry tables.
+"""DDL of the ingest path: Null-engine tables that take telemetry messages as
+the agents and the SDK published them (JSONEachRow) and materialized views
+that spread them into the telemetry tables. Migration 5 made them; migration
+6 remade ``ingest_node`` to read both wire forms of ``telemetry.node``: GPUs
+as a list of objects (version 1) and as columns (version 2, ``gpu_columns``).
 
 The engine parses the JSON in C++ and checks it with CHECK constraints:
 types, keys that are valid subject tokens, required fields. Required
@@ -32,34 +34,16 @@ def _map(items: str, key: str, value: str, keep: str = "") -> str:
 
 
 _RDMA = "tupleElement(x, 'rdma')"
-INGEST_MIGRATION: tuple[str, ...] = (
-    f"""CREATE TABLE IF NOT EXISTS {{db}}.ingest_node (
-        id String, type String, time DateTime64(6, 'UTC'), source String, node String,
-        data Tuple(
-            cpu_pct Nullable(Float64), mem_used_bytes Nullable(UInt64),
-            mem_total_bytes Nullable(UInt64), load1 Nullable(Float64),
-            gpu_tool Nullable(String),
-            gpus Array(Tuple(index Nullable(UInt8),
-                             {", ".join(f"{n} Nullable({t})" for n, t in _GPU_TYPES)})),
-            nics Array(Tuple(name String, rx_bytes_s Float64, tx_bytes_s Float64, rdma Bool)),
-            disks Array(Tuple(name String, read_bytes_s Float64, write_bytes_s Float64)),
-            filesystems Array(Tuple(mount String, free_bytes UInt64, total_bytes UInt64))),
-        CONSTRAINT is_node_telemetry CHECK type = 'telemetry.node',
-        CONSTRAINT node_is_a_key CHECK match(node, '{_KEY}'),
-        CONSTRAINT required CHECK isNotNull(data.cpu_pct) AND isNotNull(data.mem_used_bytes)
-            AND isNotNull(data.mem_total_bytes) AND isNotNull(data.load1)
-            AND data.cpu_pct >= 0 AND data.load1 >= 0
-            AND arrayAll(g -> isNotNull(tupleElement(g, 'index')), data.gpus)
-    ) ENGINE = Null""",
-    f"""CREATE MATERIALIZED VIEW IF NOT EXISTS {{db}}.ingest_node_gpus TO {{db}}.gpu_metrics AS
-    SELECT time, node, assumeNotNull(tupleElement(g, 'index')) AS gpu, id AS event_id,
-           {", ".join(f"tupleElement(g, '{n}') AS {n}" for n, _ in _GPU_TYPES)}
-    FROM {{db}}.ingest_node ARRAY JOIN data.gpus AS g""",
-    f"""CREATE MATERIALIZED VIEW IF NOT EXISTS {{db}}.ingest_node_host TO {{db}}.node_metrics AS
+
+
+def _host_view(gpu_count: str) -> str:
+    """node_metrics from ingest_node: the host readings, NICs, disks and filesystems."""
+    return f"""CREATE MATERIALIZED VIEW IF NOT EXISTS {{db}}.ingest_node_host
+    TO {{db}}.node_metrics AS
     SELECT time, node, id AS event_id, assumeNotNull(data.cpu_pct) AS cpu_pct,
            assumeNotNull(data.mem_used_bytes) AS mem_used_bytes,
            assumeNotNull(data.mem_total_bytes) AS mem_total_bytes,
-           assumeNotNull(data.load1) AS load1, length(data.gpus) AS gpu_count,
+           assumeNotNull(data.load1) AS load1, {gpu_count} AS gpu_count,
            ifNull(data.gpu_tool, '') AS gpu_tool,
            {_map("data.nics", "name", "rx_bytes_s", f"NOT {_RDMA}")} AS net_rx_bytes_s,
            {_map("data.nics", "name", "tx_bytes_s", f"NOT {_RDMA}")} AS net_tx_bytes_s,
@@ -69,7 +53,47 @@ INGEST_MIGRATION: tuple[str, ...] = (
            {_map("data.disks", "name", "write_bytes_s")} AS disk_write_bytes_s,
            {_map("data.filesystems", "mount", "free_bytes")} AS fs_free_bytes,
            {_map("data.filesystems", "mount", "total_bytes")} AS fs_total_bytes
-    FROM {{db}}.ingest_node""",
+    FROM {{db}}.ingest_node"""
+
+
+_HOST_FIELDS = """cpu_pct Nullable(Float64), mem_used_bytes Nullable(UInt64),
+            mem_total_bytes Nullable(UInt64), load1 Nullable(Float64),
+            gpu_tool Nullable(String)"""
+_GPU_ROWS = ("gpus Array(Tuple(index Nullable(UInt8), "
+             f"{', '.join(f'{n} Nullable({t})' for n, t in _GPU_TYPES)}))")
+_OTHER_ROWS = """nics Array(Tuple(name String, rx_bytes_s Float64, tx_bytes_s Float64, rdma Bool)),
+            disks Array(Tuple(name String, read_bytes_s Float64, write_bytes_s Float64)),
+            filesystems Array(Tuple(mount String, free_bytes UInt64, total_bytes UInt64))"""
+_NODE_CHECKS = f"""CONSTRAINT is_node_telemetry CHECK type = 'telemetry.node',
+        CONSTRAINT node_is_a_key CHECK match(node, '{_KEY}'),
+        CONSTRAINT required CHECK isNotNull(data.cpu_pct) AND isNotNull(data.mem_used_bytes)
+            AND isNotNull(data.mem_total_bytes) AND isNotNull(data.load1)
+            AND data.cpu_pct >= 0 AND data.load1 >= 0
+            AND arrayAll(g -> isNotNull(tupleElement(g, 'index')), data.gpus)"""
+_COLS = "tupleElement(data, 'gpu_columns')"
+
+
+def _col(name: str) -> str:
+    return f"tupleElement({_COLS}, '{name}')"
+
+
+_GPU_ROWS_VIEW = f"""CREATE MATERIALIZED VIEW IF NOT EXISTS {{db}}.ingest_node_gpus
+    TO {{db}}.gpu_metrics AS
+    SELECT time, node, assumeNotNull(tupleElement(g, 'index')) AS gpu, id AS event_id,
+           {", ".join(f"tupleElement(g, '{n}') AS {n}" for n, _ in _GPU_TYPES)}
+    FROM {{db}}.ingest_node ARRAY JOIN data.gpus AS g"""
+
+INGEST_MIGRATION: tuple[str, ...] = (
+    f"""CREATE TABLE IF NOT EXISTS {{db}}.ingest_node (
+        id String, type String, time DateTime64(6, 'UTC'), source String, node String,
+        data Tuple(
+            {_HOST_FIELDS},
+            {_GPU_ROWS},
+            {_OTHER_ROWS}),
+        {_NODE_CHECKS}
+    ) ENGINE = Null""",
+    _GPU_ROWS_VIEW,
+    _host_view("length(data.gpus)"),
     f"""CREATE TABLE IF NOT EXISTS {{db}}.ingest_job (
         id String, type String, time DateTime64(6, 'UTC'), source String,
         node Nullable(String), job String,
@@ -109,4 +133,37 @@ INGEST_MIGRATION: tuple[str, ...] = (
            assumeNotNull(data.message) AS message,
            if(data.fields = '', '{{}}', data.fields) AS fields
     FROM {db}.ingest_log""",
+)
+
+# Version 2: one array per reading. A reading no GPU of the node has is left
+# out of the message, so its array is empty here and `arr[i]` reads NULL.
+_GPU_COLUMNS = ("gpu_columns Tuple(index Array(Nullable(UInt8)), "
+                f"{', '.join(f'{n} Array(Nullable({t}))' for n, t in _GPU_TYPES)})")
+_SAME_LENGTH = (f"arrayAll(n -> n = 0 OR n = length({_col('index')}), "
+                f"[{', '.join(f'length({_col(n)})' for n, _ in _GPU_TYPES)}])")
+
+INGEST_COLUMNS_MIGRATION: tuple[str, ...] = (
+    # The ingest table holds no data (Null engine): remake it and its views.
+    "DROP VIEW IF EXISTS {db}.ingest_node_gpus",
+    "DROP VIEW IF EXISTS {db}.ingest_node_host",
+    "DROP TABLE IF EXISTS {db}.ingest_node",
+    f"""CREATE TABLE IF NOT EXISTS {{db}}.ingest_node (
+        id String, type String, time DateTime64(6, 'UTC'), source String, node String,
+        data Tuple(
+            {_HOST_FIELDS},
+            {_GPU_ROWS},
+            {_GPU_COLUMNS},
+            {_OTHER_ROWS}),
+        {_NODE_CHECKS},
+        CONSTRAINT gpu_columns CHECK {_SAME_LENGTH}
+            AND arrayAll(i -> isNotNull(i), {_col('index')})
+            AND (empty(data.gpus) OR empty({_col('index')}))
+    ) ENGINE = Null""",
+    _GPU_ROWS_VIEW,
+    f"""CREATE MATERIALIZED VIEW IF NOT EXISTS {{db}}.ingest_node_gpu_columns
+    TO {{db}}.gpu_metrics AS
+    SELECT time, node, assumeNotNull({_col('index')}[i]) AS gpu, id AS event_id,
+           {", ".join(f"{_col(n)}[i] AS {n}" for n, _ in _GPU_TYPES)}
+    FROM {{db}}.ingest_node ARRAY JOIN arrayEnumerate({_col('index')}) AS i""",
+    _host_view(f"length(data.gpus) + length({_col('index')})"),
 )

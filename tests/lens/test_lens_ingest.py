@@ -5,6 +5,7 @@ row twice; an existing database upgrades in place."""
 
 from __future__ import annotations
 
+import json
 import math
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -40,6 +41,14 @@ def client(clickhouse_dsn: str):  # type: ignore[no-untyped-def]
 def db(client, database: str) -> str:  # type: ignore[no-untyped-def]
     migrate(client, database, MIGRATIONS)
     return database
+
+
+def v1_json(event: NodeTelemetry, **update: Any) -> dict[str, Any]:
+    """The message as a version 1 agent sent it: one object per GPU."""
+    doc = {**json.loads(encode_event(event)), "version": 1, **update}
+    doc["data"].pop("gpu_columns", None)
+    doc["data"]["gpus"] = [g.model_dump(mode="json", exclude_none=True) for g in event.data.gpus]
+    return doc
 
 
 def items(events: list[Any], delivered: int = 1) -> list[Item]:
@@ -78,6 +87,11 @@ def test_engine_rows_equal_the_reference_rows(client, db: str) -> None:  # type:
     for route, events in ((NODE, nodes), (JOB, jobs), (LOG, logs)):
         stored, refused = store(client, db, route, items(events))
         assert (stored, refused) == (len(events), [])
+    # Agents not yet upgraded send version 1 (GPUs as objects): the same rows.
+    old = [node_event(f"old{i}", now, i) for i in range(2)]
+    assert store(client, db, NODE, [Item(json.dumps(v1_json(e)).encode(), e.id, e.node or "")
+                                    for e in old]) == (2, [])
+    nodes += old
     expected = rows_for([(e, 0) for e in nodes + jobs + logs])
     for name in ("node_metrics", "gpu_metrics", "job_metrics", "logs"):
         got = [[norm(v) for v in row] for row in table(client, db, name)]
@@ -101,17 +115,26 @@ def test_a_bad_message_is_refused_with_its_reason_and_the_rest_stored(client, db
     batch.insert(2, Item(b"not json", "b2", ref="b2"))
     wrong_kind = JobTelemetry(source="sdk", job="j1", data=JobTelemetryData(rank=0, iteration=1))
     batch.append(Item(encode_event(wrong_kind), wrong_kind.id, ref="b3"))
-    no_gpu_index = good[0].model_dump(mode="json")
+    no_gpu_index = json.loads(encode_event(good[0]))
     no_gpu_index["id"] = "b4"
-    del no_gpu_index["data"]["gpus"][0]["index"]
-    batch.append(Item(encode_event(good[0]).replace(b'"index":0,', b""), "b4", ref="b4"))
+    del no_gpu_index["data"]["gpu_columns"]["index"]
+    batch.append(Item(json.dumps(no_gpu_index).encode(), "b4", ref="b4"))
+    short_column = json.loads(encode_event(good[1]))
+    short_column["id"] = "b5"
+    short_column["data"]["gpu_columns"]["temp_c"].pop()
+    batch.append(Item(json.dumps(short_column).encode(), "b5", ref="b5"))
+    v1_without_index = v1_json(good[2], id="b6")
+    del v1_without_index["data"]["gpus"][0]["index"]
+    batch.append(Item(json.dumps(v1_without_index).encode(), "b6", ref="b6"))
     stored, refused = store(client, db, NODE, batch)
     assert stored == 3
     reasons = dict(refused)
-    assert set(reasons) == {"b1", "b2", "b3", "b4"}
+    assert set(reasons) == {"b1", "b2", "b3", "b4", "b5", "b6"}
     assert "cpu_pct" in reasons["b1"] and "Invalid JSON" in reasons["b2"]
     assert "telemetry.job event on a telemetry.node subject" in reasons["b3"]
-    assert "index" in reasons["b4"] and "Field required" in reasons["b4"]
+    assert "index array" in reasons["b4"]
+    assert "gpu_columns.temp_c must be an array of 4 values" in reasons["b5"]
+    assert "index" in reasons["b6"] and "Field required" in reasons["b6"]
     assert client.query(f"SELECT count() FROM {db}.node_metrics").result_rows[0][0] == 3
 
 

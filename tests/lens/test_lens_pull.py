@@ -11,6 +11,7 @@ import asyncio
 import pytest
 from nats.aio.msg import Msg
 
+from libs import natsfast
 from libs.bus import DEADLETTER, REASON_HEADER, TELEMETRY, Bus, dlq_subject
 from libs.natsfast import FastPuller
 
@@ -51,6 +52,26 @@ async def test_batches_fill_and_everything_is_acked_once(bus: Bus, own_connectio
     info = await bus.js.consumer_info("TELEMETRY", "hot")
     assert info.num_ack_pending == 0 and info.num_pending == 0
     assert bus.stats.handled == 1010
+
+
+async def test_a_batch_bigger_than_one_pull_request_fills_within_its_wait(
+        bus: Bus, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A pull request brings at most MAX_BYTES; the batch is made of as many
+    requests as it takes (large inserts are what keep ClickHouse's merges cheap)."""
+    monkeypatch.setattr(natsfast, "MAX_BYTES", 64 << 10)
+    sizes: list[int] = []
+
+    async def handler(msgs: list[Msg]) -> list[tuple[Msg, str]]:
+        sizes.append(len(msgs))
+        return []
+
+    body = b"x" * (10 << 10)
+    for i in range(60):
+        await bus.js.publish(f"safe.telemetry.node.n{i}", body, headers={"Nats-Msg-Id": f"b{i}"})
+    bus.consume_raw(durable="big", subjects=list(TELEMETRY.subjects), stream=TELEMETRY,
+                    handler=handler, batch=60, fill_s=5.0)
+    await until(lambda: sum(sizes) == 60)
+    assert sizes == [60]  # ~6 messages per request, one batch
 
 
 async def test_refused_messages_are_dead_lettered_with_the_reason(bus: Bus) -> None:
