@@ -11,17 +11,22 @@ The messages are real encodings of the pydantic event with only the id and
 time patched, rendered as wire frames before the run, so that the load
 generator's CPU stays out of the way.
 
-Figures, measured in the same run:
+Two phases, and the engine alone, in the same run:
 
-- sustained GPU-rows/s: GPU rows stored (and queryable) / time from the
-  first publish to the last row stored; every published row must be there,
-  once;
-- end-to-end lag p50/p99: a row's insert time minus its sample time;
+- at the target (``--gpus`` at 1 s, ``--seconds``): whether the pipeline
+  keeps up (every published row stored, once; the stored rate over the
+  run's steady part equals the offered one) and the end-to-end lag p50/p99
+  (a row's insert time minus its sample time);
+- capacity: the offered rate raised step by step (``--steps`` of
+  ``--step-seconds``, each ``--step-factor`` times the target more): the
+  highest stored rate over a step's steady part is the sustained
+  GPU-rows/s end to end; once the offered rate is past it, the stored rate
+  stays there while the backlog (and the lag) grows;
 - the raw engine ceiling: the same GPU and node rows inserted directly as
   columns (Arrow) into a chDB with the same schema and views, in this
-  process before the pipeline starts; and the ratio of the two.
+  process before the pipeline starts; and the ratio of capacity to it.
 
-    python bench/lens_ingest.py [--gpus 100000] [--seconds 30]
+    python bench/lens_ingest.py [--gpus 100000] [--seconds 20] [--steps 3]
 
 Ends with one JSON line of the figures.
 """
@@ -58,6 +63,7 @@ from services.lens_collector.rows import COLUMNS, rows_for  # noqa: E402
 
 GPUS_PER_NODE = 8
 SLICES = 20  # publish bursts per second
+WARMUP_S = 3.0  # a phase's stored rate is taken after this (the first insert, a stream to fill)
 DB = "primus"
 
 
@@ -175,11 +181,12 @@ async def stored_messages(bus: Bus) -> int:
     return int(health.get("rows_written", {}).get("ingest_node", 0))
 
 
-def render(templates: list[Template], seconds: int, start: float) -> list[tuple[float, bytes]]:
-    """Every burst of the run as wire frames, each message stamped with the
+def render(templates: list[Template], seconds: int, start: float, phase: int = 0
+           ) -> list[tuple[float, bytes]]:
+    """Every burst of a phase as wire frames, each message stamped with the
     time its burst is due (the agents' sample time): (due, frames).
 
-    Made before the run, so that during it the load generator costs the
+    Made before the phase, so that during it the load generator costs the
     machine only its socket writes: on this machine the collector and
     nats-server need every cycle the simulated agents would otherwise take."""
     per_slice = [templates[i::SLICES] for i in range(SLICES)]
@@ -191,20 +198,21 @@ def render(templates: list[Template], seconds: int, start: float) -> list[tuple[
                 timespec="microseconds").replace("+00:00", "Z")
             frames = []
             for n, t in enumerate(batch):
-                event_id = f"{second:08d}{s:04d}{n:020d}"
+                event_id = f"{phase:02d}{second:06d}{s:04d}{n:020d}"  # unique in the stream
                 frames.append(FastPublisher.frame(t.subject_bytes, t.render(event_id, stamp),
                                                   event_id.encode()))
             plan.append((due, b"".join(frames)))
     return plan
 
 
-def plan_run(templates: list[Template], seconds: int) -> tuple[list[tuple[float, bytes]], float]:
-    """The run's bursts, due from a start time far enough ahead to render them."""
+def plan_run(templates: list[Template], seconds: int, phase: int = 0
+             ) -> tuple[list[tuple[float, bytes]], float]:
+    """A phase's bursts, due from a start time far enough ahead to render them."""
     t0 = time.perf_counter()
     render(templates[:SLICES * 50], 1, time.time())  # how fast rendering goes here
     estimate = (time.perf_counter() - t0) * len(templates) / (SLICES * 50) * seconds
     first = time.time() + 1.5 * estimate + 1.0
-    return render(templates, seconds, first), first
+    return render(templates, seconds, first, phase), first
 
 
 async def publish(url: str, plan: list[tuple[float, bytes]]) -> None:
@@ -224,7 +232,51 @@ async def publish(url: str, plan: list[tuple[float, bytes]]) -> None:
         await out.stop()
 
 
-async def pipeline(gpus: int, seconds: int, tmp: Path) -> dict[str, object]:
+async def phase(bus: Bus, url: str, nodes: int, seconds: int, number: int,
+                pids: dict[str, int]) -> dict[str, object]:
+    """Offer ``nodes`` × 8 GPUs at 1 s for ``seconds``; what was stored, how fast
+    over the steady part (after WARMUP_S, until the last publish), and the lag
+    of the rows sampled in this phase."""
+    templates = [Template(node_event(f"p{number}-{i:05d}")) for i in range(nodes)]
+    plan, first = plan_run(templates, seconds, number)
+    sent = seconds * nodes
+    before = await stored_messages(bus)
+    cpu0 = {k: cpu_seconds(pid) for k, pid in pids.items()}
+    samples: list[tuple[float, int]] = []
+
+    async def watch() -> None:
+        while True:
+            samples.append((time.time(), await stored_messages(bus) - before))
+            await asyncio.sleep(0.25)
+
+    watcher = asyncio.create_task(watch())
+    await publish(url, plan)
+    del plan
+    published_at = time.time()
+    await asyncio.sleep(0.5)
+    watcher.cancel()
+    stored, last_change, last = 0, time.time(), -1
+    while stored < sent and time.time() - last_change < 30:
+        stored = await stored_messages(bus) - before
+        if stored != last:
+            last, last_change = stored, time.time()
+        await asyncio.sleep(0.1)
+    cpu = {k: cpu_seconds(pid) - cpu0[k] for k, pid in pids.items()}
+    steady = [(t, n) for t, n in samples if first + WARMUP_S <= t <= published_at]
+    rate = ((steady[-1][1] - steady[0][1]) * GPUS_PER_NODE / (steady[-1][0] - steady[0][0])
+            if len(steady) > 1 and steady[-1][0] > steady[0][0] else float("nan"))
+    lag = (await lens(bus, "ingest_lag_between", since_ms=int(first * 1000),
+                      until_ms=int((first + seconds) * 1000)))[0]
+    return {"gpus": nodes * GPUS_PER_NODE, "seconds": seconds, "messages_published": sent,
+            "messages_stored": stored, "offered_gpu_rows_per_s": nodes * GPUS_PER_NODE,
+            "stored_gpu_rows_per_s": round(rate), "drained_s": round(last_change - published_at, 3),
+            "lag_p50_s": lag["p50_s"], "lag_p99_s": lag["p99_s"], "lag_max_s": lag["max_s"],
+            **{f"cpu_us_per_gpu_row_{k}": round(1e6 * v / max(1, stored * GPUS_PER_NODE), 3)
+               for k, v in cpu.items()}}
+
+
+async def pipeline(gpus: int, seconds: int, steps: int, step_seconds: int, step_factor: float,
+                   tmp: Path) -> dict[str, object]:
     nodes = gpus // GPUS_PER_NODE
     server = NatsServer(tmp / "nats").start(tmp / "nats.log")
     collector = start_collector(server.url, tmp / "chdb", tmp / "collector.log")
@@ -237,46 +289,33 @@ async def pipeline(gpus: int, seconds: int, tmp: Path) -> dict[str, object]:
                 break
             except Exception:
                 await asyncio.sleep(0.2)
-        templates = [Template(node_event(f"gpu-{i:05d}")) for i in range(nodes)]
         assert server.proc is not None
         pids = {"collector": collector.pid, "nats_server": server.proc.pid,
                 "publisher": os.getpid()}
-        plan, first = plan_run(templates, seconds)
-        sent = seconds * len(templates)
-        cpu0 = {k: cpu_seconds(pid) for k, pid in pids.items()}
         load0 = os.getloadavg()[0]
-        await publish(server.url, plan)
-        del plan
-        published_at = time.time()
-        expected = sent * GPUS_PER_NODE
-        stored, last_change, last = 0, time.time(), -1
-        while stored < sent and time.time() - last_change < 30:
-            stored = await stored_messages(bus)
-            if stored != last:
-                last, last_change = stored, time.time()
-            await asyncio.sleep(0.1)
-        done = last_change
-        stored *= GPUS_PER_NODE
-        cpu = {k: cpu_seconds(pid) - cpu0[k] for k, pid in pids.items()}
-        lag = (await lens(bus, "ingest_lag", seconds=int(time.time() - first) + 60))[0]
+        target = await phase(bus, server.url, nodes, seconds, 0, pids)
+        ramp = []
+        for k in range(1, steps + 1):
+            ramp.append(await phase(bus, server.url, round(nodes * step_factor ** k),
+                                    step_seconds, k, pids))
         counts = {r["table"]: r for r in await lens(bus, "table_counts")}
         health = await bus.request("safe.health.lens-collector", timeout_s=30)
         stream = await bus.js.stream_info("TELEMETRY")
+        published = sum(int(p["messages_published"]) for p in [target, *ramp])  # type: ignore[call-overload]
         return {
-            "nodes": nodes, "gpus": gpus, "seconds": seconds, "messages_published": sent,
-            "messages_in_stream": stream.state.messages,
-            "gpu_rows_expected": expected, "gpu_rows_stored": counts["gpu_metrics"]["rows"],
+            "target": target, "ramp": ramp,
+            "sustained_gpu_rows_per_s": max(int(p["stored_gpu_rows_per_s"])  # type: ignore[call-overload]
+                                            for p in [target, *ramp]),
+            "messages_published": published, "messages_in_stream": stream.state.messages,
+            "gpu_rows_expected": published * GPUS_PER_NODE,
+            "gpu_rows_stored": counts["gpu_metrics"]["rows"],
             "gpu_rows_distinct": counts["gpu_metrics"]["distinct_ids"],
-            "publish_s": round(published_at - first, 3), "elapsed_s": round(done - first, 3),
-            "sustained_gpu_rows_per_s": round(stored / (done - first)),
-            "lag_p50_s": lag["p50_s"], "lag_p99_s": lag["p99_s"], "lag_max_s": lag["max_s"],
-            "message_bytes": len(templates[0].render("0" * 32, "2026-01-01T00:00:00.000000Z")),
+            "message_bytes": len(Template(node_event("gpu-00000")).render(
+                "0" * 32, "2026-01-01T00:00:00.000000Z")),
             "load1_at_start": round(load0, 2), "cpus": os.cpu_count(),
             "collector_inserts": health.get("inserts"),
             "collector_insert_s": health.get("insert_s"),
             "collector_redelivered": health.get("redelivered"),
-            **{f"cpu_us_per_gpu_row_{k}": round(1e6 * v / max(1, stored), 3)
-               for k, v in cpu.items()},
         }
     finally:
         await bus.close()
@@ -291,37 +330,46 @@ async def pipeline(gpus: int, seconds: int, tmp: Path) -> dict[str, object]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--gpus", type=int, default=100_000, help="simulated GPUs (8 per node)")
-    parser.add_argument("--seconds", type=int, default=30, help="how long to publish")
+    parser.add_argument("--seconds", type=int, default=20, help="how long to publish the target")
+    parser.add_argument("--steps", type=int, default=3, help="capacity steps above the target")
+    parser.add_argument("--step-seconds", type=int, default=12)
+    parser.add_argument("--step-factor", type=float, default=1.15)
     parser.add_argument("--ceiling-rounds", type=int, default=3)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="lens-ingest-") as tmp_dir:
         tmp = Path(tmp_dir)
         raw = ceiling(f"chdb://{tmp / 'ceiling'}", args.gpus // GPUS_PER_NODE,
                       args.ceiling_rounds)
-        run = asyncio.run(pipeline(args.gpus, args.seconds, tmp))
-    value = run["sustained_gpu_rows_per_s"]
+        run = asyncio.run(pipeline(args.gpus, args.seconds, args.steps, args.step_seconds,
+                                   args.step_factor, tmp))
+    value = int(run["sustained_gpu_rows_per_s"])  # type: ignore[call-overload]
     base = round(raw["arrow_insert_gpu_rows_per_s"])
+    target: dict = run["target"]  # type: ignore[type-arg, assignment]
     complete = run["gpu_rows_stored"] == run["gpu_rows_expected"] == run["gpu_rows_distinct"]
-    print(f"simulated                  {run['gpus']} GPUs on {run['nodes']} nodes, "
-          f"{run['message_bytes']} bytes per node message, {run['seconds']} s")
-    print(f"published                  {run['messages_published']} messages "
-          f"({run['messages_in_stream']} in the stream) in {run['publish_s']} s")
+    kept_up = target["messages_stored"] == target["messages_published"]
+    print(f"message                    {run['message_bytes']} bytes per 8-GPU node message")
+    for name, p in [("target", target), *((f"step {k}", p) for k, p in
+                                          enumerate(run["ramp"], 1))]:  # type: ignore[arg-type]
+        print(f"{name:8s} offered {p['offered_gpu_rows_per_s']:>7} GPU-rows/s for {p['seconds']} s:"
+              f" stored {p['stored_gpu_rows_per_s']:>7}/s, lag p50 {p['lag_p50_s']:.2f} s"
+              f" p99 {p['lag_p99_s']:.2f} s, drained {p['drained_s']:.1f} s after the last"
+              f" publish; CPU per GPU row collector {p['cpu_us_per_gpu_row_collector']} µs,"
+              f" nats-server {p['cpu_us_per_gpu_row_nats_server']} µs,"
+              f" publisher {p['cpu_us_per_gpu_row_publisher']} µs")
     print(f"stored                     {run['gpu_rows_stored']} GPU rows "
-          f"({run['gpu_rows_distinct']} distinct, {run['gpu_rows_expected']} expected)"
+          f"({run['gpu_rows_distinct']} distinct, {run['gpu_rows_expected']} expected, "
+          f"{run['messages_in_stream']} of {run['messages_published']} messages in the stream)"
           f"{'' if complete else '  <-- INCOMPLETE'}")
-    print(f"sustained end to end       {value} GPU-rows/s")
-    print(f"lag (insert - sample)      p50 {run['lag_p50_s']:.3f} s, p99 {run['lag_p99_s']:.3f} s,"
-          f" max {run['lag_max_s']:.3f} s")
-    print(f"CPU per GPU row            collector {run['cpu_us_per_gpu_row_collector']} µs, "
-          f"nats-server {run['cpu_us_per_gpu_row_nats_server']} µs, "
-          f"publisher {run['cpu_us_per_gpu_row_publisher']} µs "
+    print(f"at the target              {'kept up' if kept_up else 'FELL BEHIND'}: lag p50 "
+          f"{target['lag_p50_s']:.3f} s, p99 {target['lag_p99_s']:.3f} s "
           f"(load average {run['load1_at_start']} on {run['cpus']} CPUs at the start)")
+    print(f"sustained end to end       {value} GPU-rows/s (highest stored rate of a phase)")
     print(f"raw engine ceiling         {base} GPU-rows/s (Arrow column insert, same schema)")
     print(f"ratio                      {value / base:.2f}")
     print(json.dumps({"name": "lens_ingest_gpu_rows_per_s", "value": value, "unit": "GPU-rows/s",
                       "baseline": base, "baseline_name": "direct Arrow column insert into chDB",
-                      "ratio": round(value / base, 3), "complete": complete, **run,
-                      **{k: round(v, 3) for k, v in raw.items()}}))
+                      "ratio": round(value / base, 3), "complete": complete, "kept_up": kept_up,
+                      **run, **{k: round(v, 3) for k, v in raw.items()}}))
     return 0 if complete else 1
 
 

@@ -167,6 +167,15 @@ QUERIES: dict[str, NamedQuery] = {
                  WHERE received >= now64() - INTERVAL {seconds:UInt32} SECOND)""",
         {"seconds": "UInt32"}, {"seconds": 60},
         "GPU rows stored lately and how long after their sample they were stored"),
+    "ingest_lag_between": NamedQuery(
+        """SELECT count() AS rows, quantile(0.5)(lag) AS p50_s, quantile(0.99)(lag) AS p99_s,
+                  max(lag) AS max_s
+           FROM (SELECT dateDiff('millisecond', time, received) / 1000 AS lag
+                 FROM {db}.gpu_metrics
+                 WHERE time >= fromUnixTimestamp64Milli({since_ms:Int64}, 'UTC')
+                   AND time < fromUnixTimestamp64Milli({until_ms:Int64}, 'UTC'))""",
+        {"since_ms": "Int64", "until_ms": "Int64"}, {},
+        "how long after their sample the GPU rows sampled in a window were stored"),
     "table_counts": NamedQuery(
         """SELECT 'events' AS table, count() AS rows, uniqExact(id) AS distinct_ids
            FROM {db}.events

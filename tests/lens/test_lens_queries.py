@@ -19,6 +19,8 @@ PARAMS: dict[str, dict[str, Any]] = {
     "node_series": {"node": NODES[0]}, "gpu_series": {"node": NODES[0]},
     "alerts": {"job": JOB}, "logs": {"job": JOB}, "timeline": {"job": JOB},
     "events": {"node": NODES[0]}, "ingest_lag": {"seconds": 600},
+    "ingest_lag_between": {"since_ms": int(time.time() - 3600) * 1000,
+                           "until_ms": int(time.time() + 60) * 1000},
 }
 
 

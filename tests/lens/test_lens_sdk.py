@@ -109,7 +109,9 @@ async def test_shipped_log_lines_carry_service_node_and_job(bus: Bus, nats_url: 
     finally:
         monkeypatch.delenv(logs.SHIP_ENV)
         logs._shipper = None
-        logs.configure("test")
+        # configure() bound this test's captured stderr, closed after it: later
+        # tests (migrations log) would write to a closed file.
+        structlog.reset_defaults()
     lines = [json.loads(x) for x in capsys.readouterr().err.splitlines() if x.startswith("{")]
     assert {x["event"] for x in lines} >= {"placed", "odd"}  # still on stderr too
     shipped = [e for e in await telemetry(bus, 2) if isinstance(e, LogRecord)]
