@@ -232,6 +232,18 @@ async def publish(url: str, plan: list[tuple[float, bytes]]) -> None:
         await out.stop()
 
 
+def slope(points: list[tuple[float, int]]) -> float:
+    """Least-squares slope of (time, count): the count moves in steps of one
+    insert (about a second of data), so two end points would be off by up to
+    one insert over the window."""
+    if len(points) < 2:
+        return float("nan")
+    mt = sum(t for t, _ in points) / len(points)
+    mn = sum(n for _, n in points) / len(points)
+    var = sum((t - mt) ** 2 for t, _ in points)
+    return sum((t - mt) * (n - mn) for t, n in points) / var if var else float("nan")
+
+
 async def phase(bus: Bus, url: str, nodes: int, seconds: int, number: int,
                 pids: dict[str, int]) -> dict[str, object]:
     """Offer ``nodes`` × 8 GPUs at 1 s for ``seconds``; what was stored, how fast
@@ -263,8 +275,7 @@ async def phase(bus: Bus, url: str, nodes: int, seconds: int, number: int,
         await asyncio.sleep(0.1)
     cpu = {k: cpu_seconds(pid) - cpu0[k] for k, pid in pids.items()}
     steady = [(t, n) for t, n in samples if first + WARMUP_S <= t <= published_at]
-    rate = ((steady[-1][1] - steady[0][1]) * GPUS_PER_NODE / (steady[-1][0] - steady[0][0])
-            if len(steady) > 1 and steady[-1][0] > steady[0][0] else float("nan"))
+    rate = slope(steady) * GPUS_PER_NODE
     lag = (await lens(bus, "ingest_lag_between", since_ms=int(first * 1000),
                       until_ms=int((first + seconds) * 1000)))[0]
     return {"gpus": nodes * GPUS_PER_NODE, "seconds": seconds, "messages_published": sent,
