@@ -2,7 +2,8 @@
 the agents and the SDK published them (JSONEachRow) and materialized views
 that spread them into the telemetry tables. Migration 5 made them; migration
 6 remade ``ingest_node`` to read both wire forms of ``telemetry.node``: GPUs
-as a list of objects (version 1) and as columns (version 2, ``gpu_columns``).
+and NICs as lists of objects (version 1) and as columns (version 2,
+``gpu_columns`` and ``nic_columns``).
 
 The engine parses the JSON in C++ and checks it with CHECK constraints:
 types, keys that are valid subject tokens, required fields. Required
@@ -12,6 +13,8 @@ See ``ingest`` for the Python side.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 from libs.events import KEY_PATTERN
 
@@ -36,7 +39,26 @@ def _map(items: str, key: str, value: str, keep: str = "") -> str:
 _RDMA = "tupleElement(x, 'rdma')"
 
 
-def _host_view(gpu_count: str) -> str:
+def _v1_nic_map(value: str, rdma: bool) -> str:
+    return _map("data.nics", "name", value, f"{'' if rdma else 'NOT '}{_RDMA}")
+
+
+def _nic_map(value: str, rdma: bool) -> str:
+    """name -> ``value`` of the NICs (RDMA ports or not) in either wire form."""
+    nc = "tupleElement(data, 'nic_columns')"
+    names = f"tupleElement({nc}, 'name')"
+    # rdma may be left out (all false); [i] past the end reads false.
+    flags = f"arrayMap(i -> tupleElement({nc}, 'rdma')[i], arrayEnumerate({names}))"
+    keep = "r" if rdma else "NOT r"
+    rows = f"arrayFilter(x -> {'' if rdma else 'NOT '}{_RDMA}, data.nics)"
+    keys = (f"arrayConcat(arrayMap(x -> tupleElement(x, 'name'), {rows}), "
+            f"arrayFilter((n, r) -> {keep}, {names}, {flags}))")
+    values = (f"arrayConcat(arrayMap(x -> tupleElement(x, '{value}'), {rows}), "
+              f"arrayFilter((v, r) -> {keep}, tupleElement({nc}, '{value}'), {flags}))")
+    return f"mapFromArrays({keys}, {values})"
+
+
+def _host_view(gpu_count: str, nic_map: Callable[[str, bool], str]) -> str:
     """node_metrics from ingest_node: the host readings, NICs, disks and filesystems."""
     return f"""CREATE MATERIALIZED VIEW IF NOT EXISTS {{db}}.ingest_node_host
     TO {{db}}.node_metrics AS
@@ -45,10 +67,10 @@ def _host_view(gpu_count: str) -> str:
            assumeNotNull(data.mem_total_bytes) AS mem_total_bytes,
            assumeNotNull(data.load1) AS load1, {gpu_count} AS gpu_count,
            ifNull(data.gpu_tool, '') AS gpu_tool,
-           {_map("data.nics", "name", "rx_bytes_s", f"NOT {_RDMA}")} AS net_rx_bytes_s,
-           {_map("data.nics", "name", "tx_bytes_s", f"NOT {_RDMA}")} AS net_tx_bytes_s,
-           {_map("data.nics", "name", "rx_bytes_s", _RDMA)} AS rdma_rx_bytes_s,
-           {_map("data.nics", "name", "tx_bytes_s", _RDMA)} AS rdma_tx_bytes_s,
+           {nic_map("rx_bytes_s", False)} AS net_rx_bytes_s,
+           {nic_map("tx_bytes_s", False)} AS net_tx_bytes_s,
+           {nic_map("rx_bytes_s", True)} AS rdma_rx_bytes_s,
+           {nic_map("tx_bytes_s", True)} AS rdma_tx_bytes_s,
            {_map("data.disks", "name", "read_bytes_s")} AS disk_read_bytes_s,
            {_map("data.disks", "name", "write_bytes_s")} AS disk_write_bytes_s,
            {_map("data.filesystems", "mount", "free_bytes")} AS fs_free_bytes,
@@ -93,7 +115,7 @@ INGEST_MIGRATION: tuple[str, ...] = (
         {_NODE_CHECKS}
     ) ENGINE = Null""",
     _GPU_ROWS_VIEW,
-    _host_view("length(data.gpus)"),
+    _host_view("length(data.gpus)", _v1_nic_map),
     f"""CREATE TABLE IF NOT EXISTS {{db}}.ingest_job (
         id String, type String, time DateTime64(6, 'UTC'), source String,
         node Nullable(String), job String,
@@ -137,10 +159,19 @@ INGEST_MIGRATION: tuple[str, ...] = (
 
 # Version 2: one array per reading. A reading no GPU of the node has is left
 # out of the message, so its array is empty here and `arr[i]` reads NULL.
+# NICs likewise (nic_columns); their rates are required, so their arrays are too.
 _GPU_COLUMNS = ("gpu_columns Tuple(index Array(Nullable(UInt8)), "
                 f"{', '.join(f'{n} Array(Nullable({t}))' for n, t in _GPU_TYPES)})")
 _SAME_LENGTH = (f"arrayAll(n -> n = 0 OR n = length({_col('index')}), "
                 f"[{', '.join(f'length({_col(n)})' for n, _ in _GPU_TYPES)}])")
+_NIC_COLUMNS = ("nic_columns Tuple(name Array(String), rx_bytes_s Array(Float64), "
+                "tx_bytes_s Array(Float64), rdma Array(Bool))")
+_NC = "tupleElement(data, 'nic_columns')"
+_NICS_SAME_LENGTH = (
+    f"length(tupleElement({_NC}, 'rx_bytes_s')) = length(tupleElement({_NC}, 'name')) "
+    f"AND length(tupleElement({_NC}, 'tx_bytes_s')) = length(tupleElement({_NC}, 'name')) "
+    f"AND length(tupleElement({_NC}, 'rdma')) IN (0, length(tupleElement({_NC}, 'name'))) "
+    f"AND (empty(data.nics) OR empty(tupleElement({_NC}, 'name')))")
 
 INGEST_COLUMNS_MIGRATION: tuple[str, ...] = (
     # The ingest table holds no data (Null engine): remake it and its views.
@@ -153,11 +184,13 @@ INGEST_COLUMNS_MIGRATION: tuple[str, ...] = (
             {_HOST_FIELDS},
             {_GPU_ROWS},
             {_GPU_COLUMNS},
+            {_NIC_COLUMNS},
             {_OTHER_ROWS}),
         {_NODE_CHECKS},
         CONSTRAINT gpu_columns CHECK {_SAME_LENGTH}
             AND arrayAll(i -> isNotNull(i), {_col('index')})
-            AND (empty(data.gpus) OR empty({_col('index')}))
+            AND (empty(data.gpus) OR empty({_col('index')})),
+        CONSTRAINT nic_columns CHECK {_NICS_SAME_LENGTH}
     ) ENGINE = Null""",
     _GPU_ROWS_VIEW,
     f"""CREATE MATERIALIZED VIEW IF NOT EXISTS {{db}}.ingest_node_gpu_columns
@@ -165,5 +198,5 @@ INGEST_COLUMNS_MIGRATION: tuple[str, ...] = (
     SELECT time, node, assumeNotNull({_col('index')}[i]) AS gpu, id AS event_id,
            {", ".join(f"{_col(n)}[i] AS {n}" for n, _ in _GPU_TYPES)}
     FROM {{db}}.ingest_node ARRAY JOIN arrayEnumerate({_col('index')}) AS i""",
-    _host_view(f"length(data.gpus) + length({_col('index')})"),
+    _host_view(f"length(data.gpus) + length({_col('index')})", _nic_map),
 )

@@ -160,7 +160,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     )),
     Migration(4, "1-minute roll-ups", ROLLUP_MIGRATION),
     Migration(5, "ingest: telemetry parsed by the engine", INGEST_MIGRATION),
-    Migration(6, "ingest: node GPUs as columns (telemetry.node version 2)",
+    Migration(6, "ingest: node GPUs and NICs as columns (telemetry.node version 2)",
               INGEST_COLUMNS_MIGRATION),
     # Merging Map(LowCardinality(String), ...) re-maps every key through the
     # parts' dictionaries: node_metrics cost 3.5x more CPU per merge than with

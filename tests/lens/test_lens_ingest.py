@@ -14,6 +14,7 @@ import pytest
 from clickhouse_connect.driver.exceptions import OperationalError
 
 from libs.events import (
+    COLUMNAR,
     GpuMetrics,
     JobTelemetry,
     JobTelemetryData,
@@ -44,10 +45,12 @@ def db(client, database: str) -> str:  # type: ignore[no-untyped-def]
 
 
 def v1_json(event: NodeTelemetry, **update: Any) -> dict[str, Any]:
-    """The message as a version 1 agent sent it: one object per GPU."""
+    """The message as a version 1 agent sent it: one object per GPU and NIC."""
     doc = {**json.loads(encode_event(event)), "version": 1, **update}
-    doc["data"].pop("gpu_columns", None)
-    doc["data"]["gpus"] = [g.model_dump(mode="json", exclude_none=True) for g in event.data.gpus]
+    for field, (wire, _, _) in COLUMNAR.items():
+        doc["data"].pop(wire, None)
+        doc["data"][field] = [item.model_dump(mode="json", exclude_none=True)
+                              for item in getattr(event.data, field)]
     return doc
 
 
@@ -126,13 +129,18 @@ def test_a_bad_message_is_refused_with_its_reason_and_the_rest_stored(client, db
     v1_without_index = v1_json(good[2], id="b6")
     del v1_without_index["data"]["gpus"][0]["index"]
     batch.append(Item(json.dumps(v1_without_index).encode(), "b6", ref="b6"))
+    nic_without_rate = json.loads(encode_event(good[0]))
+    nic_without_rate["id"] = "b7"
+    del nic_without_rate["data"]["nic_columns"]["tx_bytes_s"]
+    batch.append(Item(json.dumps(nic_without_rate).encode(), "b7", ref="b7"))
     stored, refused = store(client, db, NODE, batch)
     assert stored == 3
     reasons = dict(refused)
-    assert set(reasons) == {"b1", "b2", "b3", "b4", "b5", "b6"}
+    assert set(reasons) == {"b1", "b2", "b3", "b4", "b5", "b6", "b7"}
+    assert "tx_bytes_s" in reasons["b7"] and "Field required" in reasons["b7"]
     assert "cpu_pct" in reasons["b1"] and "Invalid JSON" in reasons["b2"]
     assert "telemetry.job event on a telemetry.node subject" in reasons["b3"]
-    assert "index array" in reasons["b4"]
+    assert "the index array" in reasons["b4"]
     assert "gpu_columns.temp_c must be an array of 4 values" in reasons["b5"]
     assert "index" in reasons["b6"] and "Field required" in reasons["b6"]
     assert client.query(f"SELECT count() FROM {db}.node_metrics").result_rows[0][0] == 3

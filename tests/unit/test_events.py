@@ -18,6 +18,7 @@ from libs.events import (
     JobSpec,
     JobSubmitted,
     JobSubmittedData,
+    NicMetrics,
     NodeHeartbeat,
     NodeTelemetry,
     NodeTelemetryData,
@@ -83,32 +84,39 @@ def test_events_are_immutable() -> None:
         hb.node = "other"  # type: ignore[misc]
 
 
-def _node(gpus: list[GpuMetrics]) -> NodeTelemetry:
+def _node(gpus: list[GpuMetrics], nics: list[NicMetrics] | None = None) -> NodeTelemetry:
     return NodeTelemetry(source="bench-agent/n1", node="n1", data=NodeTelemetryData(
-        cpu_pct=1.0, mem_used_bytes=1, mem_total_bytes=2, load1=0.5, gpus=gpus))
+        cpu_pct=1.0, mem_used_bytes=1, mem_total_bytes=2, load1=0.5, gpus=gpus,
+        nics=nics or []))
 
 
 def test_node_gpus_travel_as_columns_and_rows_are_still_read() -> None:
     event = _node([GpuMetrics(index=0, util_pct=90.0, temp_c=70.0),
-                   GpuMetrics(index=1, util_pct=None, temp_c=71.0)])
+                   GpuMetrics(index=1, util_pct=None, temp_c=71.0)],
+                  [NicMetrics(name="eth0", rx_bytes_s=1.0, tx_bytes_s=2.0),
+                   NicMetrics(name="mlx5_0/1", rx_bytes_s=3.0, tx_bytes_s=4.0, rdma=True)])
     wire = json.loads(encode_event(event))
-    assert wire["version"] == 2 and "gpus" not in wire["data"]
+    assert wire["version"] == 2 and "gpus" not in wire["data"] and "nics" not in wire["data"]
     # One array per reading some GPU has; None where this GPU lacks it.
     assert wire["data"]["gpu_columns"] == {"index": [0, 1], "util_pct": [90.0, None],
                                            "temp_c": [70.0, 71.0]}
+    assert wire["data"]["nic_columns"] == {"name": ["eth0", "mlx5_0/1"], "rx_bytes_s": [1.0, 3.0],
+                                           "tx_bytes_s": [2.0, 4.0], "rdma": [False, True]}
     assert parse_event(encode_event(event)) == event
     v1 = {**wire, "version": 1, "data": {**{k: v for k, v in wire["data"].items()
-                                             if k != "gpu_columns"},
+                                             if not k.endswith("_columns")},
                                           "gpus": [{"index": 0, "util_pct": 90.0, "temp_c": 70.0},
-                                                   {"index": 1, "temp_c": 71.0}]}}
+                                                   {"index": 1, "temp_c": 71.0}],
+                                          "nics": [n.model_dump() for n in event.data.nics]}}
     assert parse_event(json.dumps(v1)).data == event.data  # version 1 agents keep working
     no_gpus = json.loads(encode_event(_node([])))
-    assert "gpu_columns" not in no_gpus["data"] and parse_event(json.dumps(no_gpus)).data.gpus == []
+    assert "gpu_columns" not in no_gpus["data"] and "nic_columns" not in no_gpus["data"]
+    assert parse_event(json.dumps(no_gpus)).data.gpus == []
 
 
 @pytest.mark.parametrize(("columns", "reason"), [
     ({"index": [0, 1], "temp_c": [70.0]}, "gpu_columns.temp_c must be an array of 2 values"),
-    ({"temp_c": [70.0]}, "with an index array"),
+    ({"temp_c": [70.0]}, "with the index array"),
     ({"index": [0], "fan_rpm": [1]}, "fan_rpm"),
 ])
 def test_bad_gpu_columns_are_refused_with_a_reason(columns: dict[str, list[float]],
