@@ -116,7 +116,7 @@ class Stuck:
     async def stop(self): await asyncio.Event().wait()  # never returns
     def health(self): return {}
 
-shell.STOP_STEP_S = 1.0
+shell.STOP_STEP_S = shell.SERVICE_STOP_S = 1.0
 sys.exit(asyncio.run(shell.run_service(Stuck(), Settings())))
 """
 
