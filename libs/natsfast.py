@@ -20,6 +20,7 @@ import asyncio
 import contextlib
 import json
 import secrets
+from collections.abc import Callable
 from urllib.parse import urlparse
 
 from nats.aio.client import Client
@@ -28,7 +29,6 @@ from nats.aio.msg import Msg
 from libs.logs import get_logger
 
 _ENDS = (b"NATS/1.0 404", b"NATS/1.0 408", b"NATS/1.0 409")
-_CUT_SHORT = b"NATS/1.0 409 Message Size Exceeds MaxBytes"
 _NS = 1_000_000_000
 _MSG_ID = b"NATS/1.0\r\nNats-Msg-Id: "
 # Bytes one pull request may bring: a bound on what the server queues for us
@@ -154,7 +154,6 @@ class FastPuller:
         self._buffer: list[FastMsg] = []
         self._want = 0
         self._ended = False
-        self._cut_short = False  # the request ended on MAX_BYTES: ask again for the rest
         self._wake = asyncio.Event()
 
     async def start(self) -> None:
@@ -177,27 +176,30 @@ class FastPuller:
     def alive(self) -> bool:
         return self._task is not None and not self._task.done()
 
-    async def fetch(self, batch: int, *, timeout_s: float = 0.5, fill_s: float = 0.2
-                    ) -> list[FastMsg]:
+    async def fetch(self, batch: int, *, timeout_s: float = 0.5, fill_s: float = 0.2,
+                    busy: Callable[[], bool] | None = None) -> list[FastMsg]:
         """Up to ``batch`` messages, waiting at most ``fill_s`` for the batch to
-        fill. One pull request brings at most ``MAX_BYTES``; when it ends early
-        on that bound, the next request asks for the rest within the same wait."""
+        fill, and longer while ``busy()`` says the previous batch is still being
+        handled: a batch handed over then would only queue behind it, so it
+        keeps filling instead and is handed over as the handler frees up. One
+        pull request brings at most ``MAX_BYTES``; the next asks for the rest."""
         if not self.alive:
             await self.stop()
             await self.start()  # after a dropped connection: unacked ones come back anyway
-        deadline = asyncio.get_running_loop().time() + max(fill_s, 0.05)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + max(fill_s, 0.05)
         while len(self._buffer) < batch and self.alive:
-            expires = deadline - asyncio.get_running_loop().time()
+            expires = deadline - loop.time()
             if expires < 0.01:
-                break
+                if busy is None or not busy():
+                    break
+                expires = 0.05
             self._pull(batch - len(self._buffer), expires)
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(expires + 1.0):
                     while len(self._buffer) < batch and not self._ended and self.alive:
                         self._wake.clear()
                         await self._wake.wait()
-            if not self._cut_short:
-                break  # filled, or the wait expired: what came is the batch
         taken, self._buffer = self._buffer[:batch], self._buffer[batch:]
         return taken
 
@@ -208,7 +210,7 @@ class FastPuller:
                            "expires": int(expires * _NS)}).encode()
         self._request += 1
         self._current = b"%s.%d" % (self._inbox, self._request)
-        self._ended = self._cut_short = False
+        self._ended = False
         self._wake.clear()
         self._write(b"PUB %s %s %d\r\n%s\r\n" % (self._next, self._current, len(body), body))
         self._want = len(self._buffer) + count
@@ -273,7 +275,6 @@ class FastPuller:
                     if not data and hdr.startswith(b"NATS/1.0 "):
                         if hdr.startswith(_ENDS) and parts[1] == self._current:
                             self._ended = True  # this request ended (not an earlier one)
-                            self._cut_short = hdr.startswith(_CUT_SHORT)
                         continue  # 100: heartbeat / flow control
                     out.append(FastMsg(nc, parts[1].decode(), reply.decode(), data,
                                        _headers(hdr) if hdr else None))

@@ -52,7 +52,7 @@ class LensCollector:
 
     def __init__(self, settings: Settings, *, alerts: AlertConfig | None = None,
                  evaluate_alerts: bool = True, alert_interval_s: float = 5.0,
-                 batch: int = 20000, fill_s: float = 1.0, ack_wait_s: float = 30.0) -> None:
+                 batch: int = 20000, fill_s: float = 0.8, ack_wait_s: float = 30.0) -> None:
         self.settings = settings
         self.db = settings.clickhouse_database
         self.batch, self.fill_s, self.ack_wait_s = batch, fill_s, ack_wait_s

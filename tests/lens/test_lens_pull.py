@@ -74,6 +74,29 @@ async def test_a_batch_bigger_than_one_pull_request_fills_within_its_wait(
     assert sizes == [60]  # ~6 messages per request, one batch
 
 
+async def test_what_arrives_while_a_batch_is_stored_becomes_the_next_batch(bus: Bus) -> None:
+    """A batch handed over while the previous one is still being stored would
+    only queue behind it: the puller keeps filling it instead, so the wait
+    is never spent twice and the batches grow with the store's pace."""
+    sizes: list[int] = []
+
+    async def handler(msgs: list[Msg]) -> list[tuple[Msg, str]]:
+        sizes.append(len(msgs))
+        if len(sizes) == 1:
+            await asyncio.sleep(1.5)  # a slow insert
+        return []
+
+    await publish(bus, 10)
+    bus.consume_raw(durable="paced", subjects=list(TELEMETRY.subjects), stream=TELEMETRY,
+                    handler=handler, batch=1000, fill_s=0.05)
+    await until(lambda: len(sizes) == 1)
+    await publish(bus, 50, start=10)  # arrives in two waves while the first batch is stored
+    await asyncio.sleep(0.5)
+    await publish(bus, 50, start=60)
+    await until(lambda: sum(sizes) == 110)
+    assert sizes == [10, 100]
+
+
 async def test_refused_messages_are_dead_lettered_with_the_reason(bus: Bus) -> None:
     async def handler(msgs: list[Msg]) -> list[tuple[Msg, str]]:
         return [(m, "invalid event: odd") for m in msgs if m.data.endswith(b"3}")]
