@@ -26,7 +26,7 @@ Two phases, and the engine alone, in the same run:
   columns (Arrow) into a chDB with the same schema and views, in this
   process before the pipeline starts; and the ratio of capacity to it.
 
-    python bench/lens_ingest.py [--gpus 100000] [--seconds 20] [--steps 3]
+    python bench/lens_ingest.py [--gpus 100000] [--seconds 20] [--steps 5]
 
 Ends with one JSON line of the figures.
 """
@@ -342,7 +342,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--gpus", type=int, default=100_000, help="simulated GPUs (8 per node)")
     parser.add_argument("--seconds", type=int, default=20, help="how long to publish the target")
-    parser.add_argument("--steps", type=int, default=3, help="capacity steps above the target")
+    parser.add_argument("--steps", type=int, default=5, help="capacity steps above the target")
     parser.add_argument("--step-seconds", type=int, default=12)
     parser.add_argument("--step-factor", type=float, default=1.15)
     parser.add_argument("--ceiling-rounds", type=int, default=3)
