@@ -261,10 +261,9 @@ class Bus:
 
         Fetches up to ``batch`` messages, waiting at most ``fill_s`` for a batch
         to fill, and runs up to ``inflight`` handler calls at once (so decoding
-        the next batch overlaps storing this one). Over the lean connection a
-        batch keeps filling past ``fill_s`` while the previous one is still
-        being handled, so it is handed over as the handler frees up instead of
-        queueing behind it. The handler returns the
+        the next batch overlaps storing this one). A batch keeps filling past
+        ``fill_s`` while the previous one is still being handled, so it is
+        handed over as the handler frees up instead of queueing behind it. The handler returns the
         messages it refuses, with the reason: those are dead-lettered; every
         other message is acked once the handler returned. Replicas that use
         the same ``durable`` share the consumer (a queue group). With
@@ -341,11 +340,8 @@ class Bus:
             while not self._stopping.is_set():
                 await slots.acquire()
                 try:
-                    if isinstance(puller, FastPuller):
-                        msgs = await puller.fetch(batch, timeout_s=0.5, fill_s=fill_s,
-                                                  busy=lambda: bool(running))
-                    else:
-                        msgs = await puller.fetch(batch, timeout_s=0.5, fill_s=fill_s)
+                    msgs = await puller.fetch(batch, timeout_s=0.5, fill_s=fill_s,
+                                              busy=lambda: bool(running))
                 except (nats.errors.ConnectionClosedError, nats.errors.DrainTimeoutError):
                     slots.release()
                     return

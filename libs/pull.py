@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+from collections.abc import Callable
 
 from nats.aio.client import Client
 from nats.aio.msg import Msg
@@ -71,14 +72,19 @@ class Puller:
             self._wake.set()
         # 100 (heartbeat, flow control) needs nothing.
 
-    async def fetch(self, batch: int, *, timeout_s: float = 0.5, fill_s: float = 0.0
-                    ) -> list[Msg]:
-        """Up to ``batch`` messages; an empty list when none came in time."""
+    async def fetch(self, batch: int, *, timeout_s: float = 0.5, fill_s: float = 0.0,
+                    busy: Callable[[], bool] | None = None) -> list[Msg]:
+        """Up to ``batch`` messages; an empty list when none came in time. With
+        ``fill_s``, the batch keeps filling past it while ``busy()`` (the
+        previous batch is still being handled; see ``libs.natsfast``)."""
         if len(self._buffer) >= batch or (self._buffer and fill_s <= 0):
             return self._take(batch)
         if fill_s > 0:
             await self._request(batch - len(self._buffer), expires_s=fill_s)
             await self._wait(batch, fill_s + 1.0)
+            while busy is not None and busy() and len(self._buffer) < batch:
+                await self._request(batch - len(self._buffer), expires_s=0.05)
+                await self._wait(batch, 1.05)
             return self._take(batch)
         if batch > 1:
             await self._request(batch, no_wait=True)

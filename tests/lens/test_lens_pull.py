@@ -74,7 +74,9 @@ async def test_a_batch_bigger_than_one_pull_request_fills_within_its_wait(
     assert sizes == [60]  # ~6 messages per request, one batch
 
 
-async def test_what_arrives_while_a_batch_is_stored_becomes_the_next_batch(bus: Bus) -> None:
+@pytest.mark.parametrize("own_connection", [True, False], ids=["natsfast", "nats-py"])
+async def test_what_arrives_while_a_batch_is_stored_becomes_the_next_batch(
+        bus: Bus, own_connection: bool) -> None:
     """A batch handed over while the previous one is still being stored would
     only queue behind it: the puller keeps filling it instead, so the wait
     is never spent twice and the batches grow with the store's pace."""
@@ -88,7 +90,7 @@ async def test_what_arrives_while_a_batch_is_stored_becomes_the_next_batch(bus: 
 
     await publish(bus, 10)
     bus.consume_raw(durable="paced", subjects=list(TELEMETRY.subjects), stream=TELEMETRY,
-                    handler=handler, batch=1000, fill_s=0.05)
+                    handler=handler, batch=1000, fill_s=0.05, own_connection=own_connection)
     await until(lambda: len(sizes) == 1)
     await publish(bus, 50, start=10)  # arrives in two waves while the first batch is stored
     await asyncio.sleep(0.5)
