@@ -38,6 +38,7 @@ import asyncio
 import json
 import os
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -232,18 +233,6 @@ async def publish(url: str, plan: list[tuple[float, bytes]]) -> None:
         await out.stop()
 
 
-def slope(points: list[tuple[float, int]]) -> float:
-    """Least-squares slope of (time, count): the count moves in steps of one
-    insert (about a second of data), so two end points would be off by up to
-    one insert over the window."""
-    if len(points) < 2:
-        return float("nan")
-    mt = sum(t for t, _ in points) / len(points)
-    mn = sum(n for _, n in points) / len(points)
-    var = sum((t - mt) ** 2 for t, _ in points)
-    return sum((t - mt) * (n - mn) for t, n in points) / var if var else float("nan")
-
-
 async def phase(bus: Bus, url: str, nodes: int, seconds: int, number: int,
                 pids: dict[str, int]) -> dict[str, object]:
     """Offer ``nodes`` × 8 GPUs at 1 s for ``seconds``; what was stored, how fast
@@ -275,10 +264,16 @@ async def phase(bus: Bus, url: str, nodes: int, seconds: int, number: int,
         await asyncio.sleep(0.1)
     cpu = {k: cpu_seconds(pid) - cpu0[k] for k, pid in pids.items()}
     steady = [(t, n) for t, n in samples if first + WARMUP_S <= t <= published_at]
-    rate = slope(steady) * GPUS_PER_NODE
+    # The least-squares slope: the count moves in steps of one insert (about a
+    # second of data), so two end points would be off by up to one insert.
+    try:
+        rate = statistics.linear_regression([t for t, _ in steady],
+                                            [n for _, n in steady]).slope * GPUS_PER_NODE
+    except statistics.StatisticsError:  # fewer than two samples in the window
+        rate = float("nan")
     lag = (await lens(bus, "ingest_lag_between", since_ms=int(first * 1000),
                       until_ms=int((first + seconds) * 1000)))[0]
-    return {"gpus": nodes * GPUS_PER_NODE, "seconds": seconds, "messages_published": sent,
+    return {"seconds": seconds, "messages_published": sent,
             "messages_stored": stored, "offered_gpu_rows_per_s": nodes * GPUS_PER_NODE,
             "stored_gpu_rows_per_s": round(rate), "drained_s": round(last_change - published_at, 3),
             "lag_p50_s": lag["p50_s"], "lag_p99_s": lag["p99_s"], "lag_max_s": lag["max_s"],

@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import sys
 import tempfile
 import time
@@ -36,6 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import nats  # noqa: E402
 from nats.js import api  # noqa: E402
 
+from bench.lens_ingest import cpu_seconds  # noqa: E402
 from libs.embedded import NatsServer  # noqa: E402
 from libs.natsfast import FastPublisher, FastPuller  # noqa: E402
 
@@ -60,11 +60,6 @@ VARIANTS = (
     Variant("memory storage", storage=api.StorageType.MEMORY),
     Variant("baseline again"),
 )
-
-
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 async def measure(v: Variant, rate: int, seconds: int, tmp: Path) -> float:

@@ -263,8 +263,9 @@ class Bus:
         to fill, and runs up to ``inflight`` handler calls at once (so decoding
         the next batch overlaps storing this one). A batch keeps filling past
         ``fill_s`` while the previous one is still being handled, so it is
-        handed over as the handler frees up instead of queueing behind it. The handler returns the
-        messages it refuses, with the reason: those are dead-lettered; every
+        handed over as the handler frees up instead of queueing behind it.
+        The handler returns the messages it refuses, with the reason: those
+        are dead-lettered; every
         other message is acked once the handler returned. Replicas that use
         the same ``durable`` share the consumer (a queue group). With
         ``own_connection`` (and a plain nats:// URL) messages come over a lean

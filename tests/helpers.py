@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import shutil
 import signal
@@ -12,6 +13,7 @@ from pathlib import Path
 
 from libs.bus import Bus
 from libs.events import NodeRegistered, NodeRegisteredData, NodeStateChanged, NodeStateData
+from libs.service import health_subject
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -42,6 +44,19 @@ def stop_process(proc: subprocess.Popen[bytes], log: Path | None = None,
         tail = log.read_text(errors="replace")[-6000:] if log is not None and log.exists() else ""
         raise AssertionError(f"{proc.args} did not stop within {timeout} s of SIGTERM; "
                              f"its log ends:\n{tail}") from None
+
+
+async def wait_healthy(bus: Bus, service: str, node: str | None = None,
+                       timeout: float = 90) -> dict:  # type: ignore[type-arg]
+    """A service's health reply, asking until it answers (it may be starting)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return await bus.request(health_subject(service, node), timeout_s=1)
+        except Exception:
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.3)
 
 
 async def ready_nodes(bus: Bus, nodes: dict[str, tuple[int, str]]) -> None:

@@ -43,18 +43,22 @@ def _v1_nic_map(value: str, rdma: bool) -> str:
     return _map("data.nics", "name", value, f"{'' if rdma else 'NOT '}{_RDMA}")
 
 
+def _col(name: str, columns: str = "gpu_columns") -> str:
+    """One array of a version 2 column group (``gpu_columns``, ``nic_columns``)."""
+    return f"tupleElement(tupleElement(data, '{columns}'), '{name}')"
+
+
 def _nic_map(value: str, rdma: bool) -> str:
     """name -> ``value`` of the NICs (RDMA ports or not) in either wire form."""
-    nc = "tupleElement(data, 'nic_columns')"
-    names = f"tupleElement({nc}, 'name')"
+    names = _col("name", "nic_columns")
     # rdma may be left out (all false); [i] past the end reads false.
-    flags = f"arrayMap(i -> tupleElement({nc}, 'rdma')[i], arrayEnumerate({names}))"
+    flags = f"arrayMap(i -> {_col('rdma', 'nic_columns')}[i], arrayEnumerate({names}))"
     keep = "r" if rdma else "NOT r"
     rows = f"arrayFilter(x -> {'' if rdma else 'NOT '}{_RDMA}, data.nics)"
     keys = (f"arrayConcat(arrayMap(x -> tupleElement(x, 'name'), {rows}), "
             f"arrayFilter((n, r) -> {keep}, {names}, {flags}))")
     values = (f"arrayConcat(arrayMap(x -> tupleElement(x, '{value}'), {rows}), "
-              f"arrayFilter((v, r) -> {keep}, tupleElement({nc}, '{value}'), {flags}))")
+              f"arrayFilter((v, r) -> {keep}, {_col(value, 'nic_columns')}, {flags}))")
     return f"mapFromArrays({keys}, {values})"
 
 
@@ -92,12 +96,6 @@ _NODE_CHECKS = f"""CONSTRAINT is_node_telemetry CHECK type = 'telemetry.node',
             AND isNotNull(data.mem_total_bytes) AND isNotNull(data.load1)
             AND data.cpu_pct >= 0 AND data.load1 >= 0
             AND arrayAll(g -> isNotNull(tupleElement(g, 'index')), data.gpus)"""
-_COLS = "tupleElement(data, 'gpu_columns')"
-
-
-def _col(name: str) -> str:
-    return f"tupleElement({_COLS}, '{name}')"
-
 
 _GPU_ROWS_VIEW = f"""CREATE MATERIALIZED VIEW IF NOT EXISTS {{db}}.ingest_node_gpus
     TO {{db}}.gpu_metrics AS
@@ -166,12 +164,12 @@ _SAME_LENGTH = (f"arrayAll(n -> n = 0 OR n = length({_col('index')}), "
                 f"[{', '.join(f'length({_col(n)})' for n, _ in _GPU_TYPES)}])")
 _NIC_COLUMNS = ("nic_columns Tuple(name Array(String), rx_bytes_s Array(Float64), "
                 "tx_bytes_s Array(Float64), rdma Array(Bool))")
-_NC = "tupleElement(data, 'nic_columns')"
+_NIC_COUNT = f"length({_col('name', 'nic_columns')})"
 _NICS_SAME_LENGTH = (
-    f"length(tupleElement({_NC}, 'rx_bytes_s')) = length(tupleElement({_NC}, 'name')) "
-    f"AND length(tupleElement({_NC}, 'tx_bytes_s')) = length(tupleElement({_NC}, 'name')) "
-    f"AND length(tupleElement({_NC}, 'rdma')) IN (0, length(tupleElement({_NC}, 'name'))) "
-    f"AND (empty(data.nics) OR empty(tupleElement({_NC}, 'name')))")
+    f"length({_col('rx_bytes_s', 'nic_columns')}) = {_NIC_COUNT} "
+    f"AND length({_col('tx_bytes_s', 'nic_columns')}) = {_NIC_COUNT} "
+    f"AND length({_col('rdma', 'nic_columns')}) IN (0, {_NIC_COUNT}) "
+    f"AND (empty(data.nics) OR {_NIC_COUNT} = 0)")
 
 INGEST_COLUMNS_MIGRATION: tuple[str, ...] = (
     # The ingest table holds no data (Null engine): remake it and its views.

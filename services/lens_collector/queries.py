@@ -15,6 +15,15 @@ class NamedQuery:
     help: str
 
 
+def _lag(where: str) -> str:
+    """How long after their sample the GPU rows ``where`` picks were stored."""
+    return ("""SELECT count() AS rows, quantile(0.5)(lag) AS p50_s, quantile(0.99)(lag) AS p99_s,
+                  max(lag) AS max_s, min(time) AS first_time, max(time) AS last_time
+           FROM (SELECT dateDiff('millisecond', time, received) / 1000 AS lag, time
+                 FROM {db}.gpu_metrics
+                 WHERE """ + where + ")")
+
+
 QUERIES: dict[str, NamedQuery] = {
     "job_summary": NamedQuery(
         """SELECT count() AS samples, uniqExact(rank) AS ranks, max(iteration) AS last_iteration,
@@ -160,20 +169,12 @@ QUERIES: dict[str, NamedQuery] = {
         {"job": "", "node": "", "step": 10, "limit": 5000},
         "metrics, events, alerts and logs of a job or node on one timeline"),
     "ingest_lag": NamedQuery(
-        """SELECT count() AS rows, quantile(0.5)(lag) AS p50_s, quantile(0.99)(lag) AS p99_s,
-                  max(lag) AS max_s, min(time) AS first_time, max(time) AS last_time
-           FROM (SELECT dateDiff('millisecond', time, received) / 1000 AS lag, time
-                 FROM {db}.gpu_metrics
-                 WHERE received >= now64() - INTERVAL {seconds:UInt32} SECOND)""",
+        _lag("received >= now64() - INTERVAL {seconds:UInt32} SECOND"),
         {"seconds": "UInt32"}, {"seconds": 60},
         "GPU rows stored lately and how long after their sample they were stored"),
     "ingest_lag_between": NamedQuery(
-        """SELECT count() AS rows, quantile(0.5)(lag) AS p50_s, quantile(0.99)(lag) AS p99_s,
-                  max(lag) AS max_s
-           FROM (SELECT dateDiff('millisecond', time, received) / 1000 AS lag
-                 FROM {db}.gpu_metrics
-                 WHERE time >= fromUnixTimestamp64Milli({since_ms:Int64}, 'UTC')
-                   AND time < fromUnixTimestamp64Milli({until_ms:Int64}, 'UTC'))""",
+        _lag("time >= fromUnixTimestamp64Milli({since_ms:Int64}, 'UTC') "
+             "AND time < fromUnixTimestamp64Milli({until_ms:Int64}, 'UTC')"),
         {"since_ms": "Int64", "until_ms": "Int64"}, {},
         "how long after their sample the GPU rows sampled in a window were stored"),
     "table_counts": NamedQuery(

@@ -1,18 +1,14 @@
 """The bench service as processes for tests: a coordinator and agents run
-through the CLI against a test's nats-server, and a wait for their health."""
+through the CLI against a test's nats-server."""
 
 from __future__ import annotations
 
-import asyncio
 import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-from libs.bus import Bus
-from libs.service import health_subject
 from tests.helpers import ROOT, run_cli, stop_process
 
 
@@ -41,13 +37,3 @@ class Stack:
     def cli(self, *args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
         return run_cli(*args, env=self.env, timeout=timeout)
 
-
-async def healthy(bus: Bus, service: str, node: str | None = None) -> dict:  # type: ignore[type-arg]
-    deadline = time.monotonic() + 90
-    while True:
-        try:
-            return await bus.request(health_subject(service, node), timeout_s=1)
-        except Exception:
-            if time.monotonic() > deadline:
-                raise
-            await asyncio.sleep(0.3)

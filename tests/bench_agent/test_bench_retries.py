@@ -14,7 +14,8 @@ import pytest
 
 from libs.bus import CONTROL, Bus
 from libs.events import BenchRequest, BenchResult, BenchResultData, Figure, parse_event
-from tests.bench_agent.stack import Stack, healthy
+from tests.bench_agent.stack import Stack
+from tests.helpers import wait_healthy
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -56,7 +57,7 @@ async def test_an_unsure_repeat_is_measured_again_and_judged_over_the_repeats(
     stack = Stack(nats_url, tmp_path, config)
     stack.start("coordinator", "bench-coordinator")
     try:
-        await healthy(bus, "bench-coordinator")
+        await wait_healthy(bus, "bench-coordinator")
         for i in range(1, 7):  # the fleet
             await bus.publish(result(f"n{i}", 1.0, request_id=f"req-n{i}"))
 

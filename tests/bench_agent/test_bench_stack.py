@@ -24,7 +24,8 @@ import pytest
 from libs.bus import Bus
 from libs.events import BenchResult, parse_event
 from services.bench.protocol import SEARCH_SUBJECT, SWEEP_SUBJECT
-from tests.bench_agent.stack import Stack, healthy
+from tests.bench_agent.stack import Stack
+from tests.helpers import wait_healthy
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -55,8 +56,8 @@ async def test_standard_verdicts_sweep_pairing_and_split_search(
         stack.start(node, "bench-agent", "--node", node)
     try:
         for node in nodes:
-            await healthy(bus, "bench-agent", node)
-        await healthy(bus, "bench-coordinator")
+            await wait_healthy(bus, "bench-agent", node)
+        await wait_healthy(bus, "bench-coordinator")
 
         # Standard runs one by one through the CLI: the last ones have peers.
         for node in nodes[:4]:
@@ -131,7 +132,7 @@ async def test_a_probe_from_a_reloaded_config_reports_a_hot_gpu_after_n_failures
     await bus.nc.subscribe("safe.bench.hot.result", cb=on_result)
     stack.start("hot", "bench-agent", "--node", "hot")
     try:
-        await healthy(bus, "bench-agent", "hot")
+        await wait_healthy(bus, "bench-agent", "hot")
         config.write_text("probes:\n  - {name: temp, kind: gpu_temperature, interval_s: 0.5,\n"
                           "     timeout_s: 20, failures_before_report: 3}\n")
         deadline = time.monotonic() + 60
@@ -141,7 +142,7 @@ async def test_a_probe_from_a_reloaded_config_reports_a_hot_gpu_after_n_failures
         data = results[0].data
         assert data.trigger == "probe" and not data.passed and data.outcome == "failed"
         assert "temp failed 3 time(s) in a row" in data.reason and "101 °C > 95 °C" in data.reason
-        state = (await healthy(bus, "bench-agent", "hot"))["probes"]["temp"]
+        state = (await wait_healthy(bus, "bench-agent", "hot"))["probes"]["temp"]
         assert state["reported"] is True and state["consecutive_failures"] >= 3
         await asyncio.sleep(2)
         assert len(results) == 1  # once per failing streak

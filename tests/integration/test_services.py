@@ -16,8 +16,8 @@ import pytest
 
 from libs.bus import DEADLETTER, REASON_HEADER, Bus, dlq_subject
 from libs.events import JobSpec, JobSubmitted, JobSubmittedData
-from libs.service import health_subject, instance_token
-from tests.helpers import ROOT
+from libs.service import instance_token
+from tests.helpers import ROOT, wait_healthy
 
 SERVICES = [("bootstrap", []), ("scheduler", []), ("failover", []), ("bench-coordinator", []),
             ("lens-collector", []), ("bench-agent", ["--node", "node-1"])]
@@ -33,27 +33,16 @@ def start(verb: str, args: list[str], nats_url: str, tmp_path: Path,
                             cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
 
 
-async def health(bus: Bus, service: str, node: str | None = None, timeout: float = 60) -> dict:  # type: ignore[type-arg]
-    deadline = asyncio.get_running_loop().time() + timeout
-    while True:
-        try:
-            return await bus.request(health_subject(service, node), timeout_s=1)
-        except Exception:
-            if asyncio.get_running_loop().time() > deadline:
-                raise
-            await asyncio.sleep(0.2)
-
-
 @pytest.mark.parametrize(("verb", "args"), SERVICES, ids=[s for s, _ in SERVICES])
 async def test_service_runs_alone_answers_health_and_stops_on_sigterm(
         verb: str, args: list[str], nats_url: str, bus: Bus, tmp_path: Path) -> None:
     proc = start(verb, args, nats_url, tmp_path)
     try:
-        reply = await health(bus, verb, "node-1" if verb == "bench-agent" else None)
+        reply = await wait_healthy(bus, verb, "node-1" if verb == "bench-agent" else None)
         assert reply["ok"] is True and reply["service"] == verb
         assert reply["dead_lettered"] == 0
         if verb != "bench-agent":  # the replica on this host answers its own probe
-            own = await health(bus, verb, instance_token(), timeout=10)
+            own = await wait_healthy(bus, verb, instance_token(), timeout=10)
             assert own["ok"] is True and own["service"] == verb
     finally:
         proc.send_signal(signal.SIGTERM)
@@ -69,13 +58,13 @@ async def test_bad_message_is_dead_lettered_and_the_service_keeps_serving(
         nats_url: str, bus: Bus, tmp_path: Path) -> None:
     proc = start("scheduler", [], nats_url, tmp_path)
     try:
-        await health(bus, "scheduler")
+        await wait_healthy(bus, "scheduler")
         await bus.js.publish("safe.job.j-1.submitted", b'{"type": "job.submitted", "job": "j-1"}')
         good = JobSubmitted(source="test", job="j-2", data=JobSubmittedData(
             spec=JobSpec(name="ok", workers=1, command=["true"])))
         await bus.publish(good)
         for _ in range(100):
-            reply = await health(bus, "scheduler")
+            reply = await wait_healthy(bus, "scheduler")
             if reply["dead_lettered"] == 1 and reply["jobs"].get("pending") == 1:
                 break
             await asyncio.sleep(0.1)
@@ -128,9 +117,9 @@ async def test_a_stop_that_hangs_is_named_and_bounded_and_sigusr1_dumps_stacks(
                             env={**env, "PRIMUS_NATS_URL": nats_url}, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT)
     try:
-        await health(bus, "stuck")
+        await wait_healthy(bus, "stuck")
         proc.send_signal(signal.SIGUSR1)  # a dump, not a stop
-        assert (await health(bus, "stuck"))["ok"] is True
+        assert (await wait_healthy(bus, "stuck"))["ok"] is True
         proc.send_signal(signal.SIGTERM)
         code = await asyncio.to_thread(proc.wait, 20)
     finally:
