@@ -30,7 +30,7 @@ SERVICE_VERBS = ("bootstrap", "scheduler", "bench-agent", "bench-coordinator", "
 
 
 def run_service_verb(args: argparse.Namespace) -> int:
-    from libs.service import run_service
+    from libs.service import serve
 
     settings = load_settings()
     node = None
@@ -63,7 +63,7 @@ def run_service_verb(args: argparse.Namespace) -> int:
         from services.failover.app import Failover
 
         service = Failover(settings)
-    return asyncio.run(run_service(service, settings, node=node))
+    return serve(service, settings, node=node)
 
 
 # --------------------------------------------------------------------------- verbs

@@ -395,6 +395,7 @@ class Bus:
         try:
             await fn(arg)
         except asyncio.CancelledError:
+            await _give_back(msgs)
             raise
         except Exception as exc:
             await self._failed(msgs, exc, max_deliver)
@@ -408,6 +409,7 @@ class Bus:
         try:
             refused = await fn(msgs)
         except asyncio.CancelledError:
+            await _give_back(msgs)
             raise
         except Exception as exc:
             await self._failed(msgs, exc, max_deliver)
@@ -496,6 +498,15 @@ class Bus:
         await self.stop_consuming()
         with contextlib.suppress(Exception):
             await self.nc.drain()
+
+
+async def _give_back(msgs: list[Msg]) -> None:
+    """A handler cancelled mid-way (the service stops): hand its messages
+    back now, so the next consumer gets them without waiting out the ack
+    wait (the bench agent's is 30 minutes). Handlers are idempotent."""
+    for msg in msgs:
+        with contextlib.suppress(Exception):
+            await msg.nak()
 
 
 def _short(exc: BaseException) -> str:

@@ -105,6 +105,7 @@ class EmbeddedStack:
     nats: NatsServer | None = None
     procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     args: dict[str, tuple[str, ...]] = field(default_factory=dict)  # to restart one
+    stragglers: dict[str, str] = field(default_factory=dict)  # killed at stop: log tails
 
     def __post_init__(self) -> None:
         self.state_dir = self.state_dir.resolve()
@@ -190,11 +191,16 @@ class EmbeddedStack:
         assert self.nats is not None
         self.nats.restart(self.state_dir / "logs" / "nats-server.log")
 
+    def log_tail(self, name: str, chars: int = 6000) -> str:
+        log = self.state_dir / "logs" / f"{name}.log"
+        return log.read_text(errors="replace")[-chars:] if log.exists() else ""
+
     def dead(self) -> dict[str, int]:
         return {n: p.returncode for n, p in self.procs.items() if p.poll() is not None}
 
     def stop(self) -> dict[str, int | None]:
-        """SIGTERM every service, wait, then stop nats; returns exit codes."""
+        """SIGTERM every service, wait, then stop nats; returns exit codes. One
+        still running after 20 s is killed (-9), its log tail kept in `stragglers`."""
         for proc in self.procs.values():
             if proc.poll() is None:
                 with contextlib.suppress(ProcessLookupError):
@@ -205,8 +211,15 @@ class EmbeddedStack:
             try:
                 codes[name] = proc.wait(max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
+                # What it was waiting on goes to its log (the service shell
+                # registers SIGUSR1 with faulthandler) before it is killed.
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(proc.pid, signal.SIGUSR1)
+                time.sleep(1)
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
                 codes[name] = proc.wait()
+                self.stragglers[name] = self.log_tail(name)
         reap_all(self.state_dir)
         if self.nats is not None:
             self.nats.stop()

@@ -2,7 +2,7 @@
 a health request, and a clean stop on SIGTERM/SIGINT, bounded in time.
 
 A service is an object with ``name``, ``async start(bus)``, ``async stop()``
-and ``health() -> dict``; ``run_service`` does the rest, so each service
+and ``health() -> dict``; ``serve`` does the rest, so each service
 folder only holds its own wiring around its pure core.
 """
 
@@ -10,14 +10,18 @@ from __future__ import annotations
 
 import asyncio
 import faulthandler
+import os
 import re
 import signal
 import socket
+import sys
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Protocol
 
 from libs.bus import HEALTH_SUBJECT, Bus
-from libs.logs import configure
+from libs.logs import configure, get_logger
 from libs.settings import Settings
 
 
@@ -36,6 +40,10 @@ class Service(Protocol):
 # service's own stop gets the most (the scheduler lets a cycle finish, 15 s).
 STOP_STEP_S = 8.0
 SERVICE_STOP_S = 20.0
+# Work in threads cannot be cancelled (a GEMM in C++, a collective waiting on
+# a peer that left); Python would wait for it at exit for as long as it takes.
+EXIT_THREADS_S = 5.0
+_WORKER_PREFIX = "service-worker"
 
 
 def health_subject(service: str, node: str | None = None) -> str:
@@ -46,6 +54,34 @@ def instance_token() -> str:
     """This process's host name as a subject token (the pod name in
     Kubernetes): where a replica answers for itself alone."""
     return re.sub(r"[^A-Za-z0-9_-]", "_", socket.gethostname()) or "host"
+
+
+def serve(service: Service, settings: Settings, *, node: str | None = None) -> int:
+    """A service process's whole life: run until SIGTERM, stop in bounded
+    steps, exit. Threads still working ``EXIT_THREADS_S`` after the stop are
+    named in the log and left behind rather than waited for."""
+    workers = ThreadPoolExecutor(thread_name_prefix=_WORKER_PREFIX)
+    with asyncio.Runner() as runner:
+        runner.get_loop().set_default_executor(workers)
+        code = runner.run(run_service(service, settings, node=node))
+        workers.shutdown(wait=False, cancel_futures=True)  # idle workers leave now
+        busy = _busy_workers(time.monotonic() + EXIT_THREADS_S)
+        if busy:
+            get_logger().error("threads still working at exit; leaving without them",
+                               threads=busy, limit_s=EXIT_THREADS_S)
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code)  # skips the interpreter's join of every worker thread
+    return code
+
+
+def _busy_workers(deadline: float) -> list[str]:
+    while True:
+        busy = [t.name for t in threading.enumerate()
+                if t.name.startswith(_WORKER_PREFIX) and t.is_alive()]
+        if not busy or time.monotonic() > deadline:
+            return busy
+        time.sleep(0.05)
 
 
 async def run_service(service: Service, settings: Settings, *, node: str | None = None) -> int:

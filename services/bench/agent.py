@@ -16,7 +16,9 @@ import concurrent.futures
 import contextlib
 import json
 import os
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +45,16 @@ from services.bench.schedule import ProbeSchedule, Report, Skip, Start
 from services.bench.verdict import confirm
 
 CONFIG_POLL_S = 2.0
+# What runs in the measuring thread: given the step reporter and the check
+# to call between timed samples.
+Measuring = Callable[[levels.Progress, Callable[[], None]], levels.LevelRun]
+
+
+class Interrupted(BaseException):
+    """Raised in a measuring thread at its next step or timed sample once the
+    measurement was cancelled (the agent stops): the thread ends instead of
+    measuring on. A BaseException, like CancelledError, so that the level's
+    "a broken kernel is a failed check" does not catch it."""
 
 
 class TurnGate:
@@ -218,9 +230,6 @@ class BenchAgent:
         if expected is None:  # a retry or an operator's request: what bootstrap said last
             expected = self.expected_devices
 
-        def progress(step: str) -> None:
-            self._progress(event.id, step)
-
         sweep = event.data.sweep
         gate = None
         if sweep is not None and sweep.turn_subject and self.bus is not None \
@@ -229,20 +238,24 @@ class BenchAgent:
 
         self._gate = gate
 
-        def measure() -> levels.LevelRun:
+        def measure(progress: levels.Progress, between: Callable[[], None]) -> levels.LevelRun:
+            def turn() -> None:  # between timed samples
+                between()
+                if gate is not None:
+                    gate.pass_turn()
+
             if gate is None:
                 return levels.run_level(event.data.level, config=config,
-                                        expected_devices=expected, progress=progress)
+                                        expected_devices=expected, progress=progress, turn=turn)
             gate.acquire()
             try:
                 return levels.run_level(event.data.level, config=config,
-                                        expected_devices=expected, progress=progress,
-                                        turn=gate.pass_turn)
+                                        expected_devices=expected, progress=progress, turn=turn)
             finally:
                 gate.leave()
 
         try:
-            run = await asyncio.to_thread(measure)
+            run = await self._in_thread(event.id, measure)
         finally:
             self._gate = None
         if gate is not None and gate.broken:
@@ -253,8 +266,8 @@ class BenchAgent:
                 run.checks.append(BenchCheck(name="inter_node_collectives",
                                              status="unavailable", detail=why))
             else:
-                pair = await asyncio.to_thread(levels.multi_node, rdv, self.node, config=config,
-                                               progress=progress)
+                pair = await self._in_thread(event.id, lambda progress, _: levels.multi_node(
+                    rdv, self.node, config=config, progress=progress))
                 run.figures += pair.figures
                 run.checks += pair.checks
             run.judge()
@@ -262,9 +275,31 @@ class BenchAgent:
 
     async def _measure_multi_node(self, request_id: str, rdv: BenchRendezvous
                                   ) -> levels.LevelRun:
-        return await asyncio.to_thread(
-            levels.multi_node, rdv, self.node, config=self.config.current,
-            progress=lambda step: self._progress(request_id, step))
+        config = self.config.current
+        return await self._in_thread(request_id, lambda progress, _: levels.multi_node(
+            rdv, self.node, config=config, progress=progress))
+
+    async def _in_thread(self, request_id: str, work: Measuring) -> levels.LevelRun:
+        """Measure in a worker thread, which reports each step as it starts
+        and calls ``between`` after each timed sample. A thread cannot be
+        cancelled; when the awaiting task is (the agent stops), the thread
+        raises `Interrupted` at its next step or sample rather than measure on
+        for minutes and hold the process's exit."""
+        cancelled = threading.Event()
+
+        def between() -> None:
+            if cancelled.is_set():
+                raise Interrupted("the measurement was cancelled")
+
+        def progress(step: str) -> None:
+            between()
+            self._progress(request_id, step)
+
+        try:
+            return await asyncio.to_thread(work, progress, between)
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
 
     async def _pairing(self, request_id: str) -> tuple[BenchRendezvous | None, str]:
         """Ask the coordinator for a known-healthy partner and a rendezvous."""

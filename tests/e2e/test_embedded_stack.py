@@ -57,7 +57,7 @@ def test_thin_path(tmp_path: Path) -> None:
         asyncio.run(_thin_path(stack, tmp_path))
     finally:
         codes = stack.stop()
-    assert codes == dict.fromkeys(codes, 0), f"unclean exits: {codes}"
+    assert codes == dict.fromkeys(codes, 0), f"unclean exits: {codes}; {stack.stragglers}"
 
 
 async def _thin_path(stack: EmbeddedStack, tmp_path: Path) -> None:

@@ -95,18 +95,19 @@ async def test_bootstrap_refuses_a_bad_hosts_file_before_any_effect(
 
 
 STUCK_SERVICE = """
-import asyncio, sys
+import asyncio, sys, time
 import libs.service as shell
 from libs.settings import Settings
 
 class Stuck:
     name = "stuck"
-    async def start(self, bus): pass
+    async def start(self, bus):  # a thread that will not end (a GEMM in C++)
+        asyncio.get_running_loop().run_in_executor(None, time.sleep, 3600)
     async def stop(self): await asyncio.Event().wait()  # never returns
     def health(self): return {}
 
-shell.STOP_STEP_S = shell.SERVICE_STOP_S = 1.0
-sys.exit(asyncio.run(shell.run_service(Stuck(), Settings())))
+shell.STOP_STEP_S = shell.SERVICE_STOP_S = shell.EXIT_THREADS_S = 1.0
+sys.exit(shell.serve(Stuck(), Settings()))
 """
 
 
@@ -130,4 +131,6 @@ async def test_a_stop_that_hangs_is_named_and_bounded_and_sigusr1_dumps_stacks(
     events = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
     overran = [e for e in events if e["event"] == "stop step overran; going on"]
     assert [e["step"] for e in overran] == ["stop service"], out
-    assert events[-1]["event"] == "stopped"
+    assert [e["event"] for e in events[-2:]] == [
+        "stopped", "threads still working at exit; leaving without them"], out
+    assert events[-1]["threads"] == ["service-worker_0"]

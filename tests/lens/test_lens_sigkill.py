@@ -25,12 +25,12 @@ pytestmark = pytest.mark.timeout(240)
 # acked comes back quickly.
 COLLECTOR = (
     "import asyncio, sys\n"
-    "from libs.service import run_service\n"
+    "from libs.service import serve\n"
     "from libs.settings import Settings\n"
     "from services.lens_collector.app import LensCollector\n"
     "s = Settings()\n"
     "c = LensCollector(s, evaluate_alerts=False, ack_wait_s=3.0, batch=200, fill_s=0.1)\n"
-    "sys.exit(asyncio.run(run_service(c, s)))\n"
+    "sys.exit(serve(c, s))\n"
 )
 MESSAGES = 1500
 
