@@ -24,7 +24,9 @@ Two phases, and the engine alone, in the same run:
   stays there while the backlog (and the lag) grows;
 - the raw engine ceiling: the same GPU and node rows inserted directly as
   columns (Arrow) into a chDB with the same schema and views, in this
-  process before the pipeline starts; and the ratio of capacity to it.
+  process before the pipeline starts; and the ratio of capacity to it;
+- the engine alone on the collector's path: the same messages' JSON into
+  the ingest table, its rate and CPU per row beside the Arrow insert's.
 
     python bench/lens_ingest.py [--gpus 100000] [--seconds 20] [--steps 5]
 
@@ -43,6 +45,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -105,31 +108,52 @@ class Template:
 
 
 def ceiling(dsn: str, nodes: int, rounds: int) -> dict[str, float]:
-    """The engine alone: the same rows inserted as columns, GPU rows per second."""
+    """The engine alone, in this process, on the same rows: inserted as Arrow
+    columns (the ceiling), and as the collector inserts them (the messages'
+    JSON into the ingest table, spread by its views). Each: the best GPU rows
+    per second of one insert, and the CPU per GPU row of all its inserts and
+    the merges they cause (chDB's threads are this process's)."""
     import pyarrow as pa
 
     from libs.store import migrate, open_store
+    from services.lens_collector.ingest import SETTINGS
     from services.lens_collector.schema import MIGRATIONS
 
     client = open_store(dsn)
-    migrate(client, "ceiling", MIGRATIONS)
-    best: dict[str, float] = {}
-    for k in range(rounds):
-        events = [node_event(f"gpu-{i:05d}") for i in range(nodes)]
-        events = [e.model_copy(update={"id": f"c{k}-{i}"}) for i, e in enumerate(events)]
-        tables = rows_for([(e, 0) for e in events])
-        t0 = time.perf_counter()
-        arrow = {t: _arrow(pa, t, rows) for t, rows in tables.items()}
-        built = time.perf_counter()
-        for table, data in arrow.items():
-            client.insert_arrow(f"ceiling.{table}", data)
-        done = time.perf_counter()
-        rate = len(tables["gpu_metrics"]) / (done - built)
-        best["arrow_insert_gpu_rows_per_s"] = max(best.get("arrow_insert_gpu_rows_per_s", 0), rate)
-        best["arrow_build_s"] = built - t0
-    client.command("DROP DATABASE ceiling SYNC")
+    events = [node_event(f"gpu-{i:05d}") for i in range(nodes)]
+    rows = nodes * GPUS_PER_NODE
+    out: dict[str, float] = {}
+
+    def measure(name: str, db: str, insert: Callable[[int], None]) -> None:
+        migrate(client, db, MIGRATIONS)
+        best, cpu0 = 0.0, time.process_time()
+        for k in range(rounds):
+            t0 = time.perf_counter()
+            insert(k)
+            best = max(best, rows / (time.perf_counter() - t0))
+        while client.query(f"SELECT count() FROM system.merges WHERE database = '{db}'"
+                           ).result_rows[0][0]:
+            time.sleep(0.05)
+        out[f"{name}_insert_gpu_rows_per_s"] = best
+        out[f"{name}_cpu_us_per_gpu_row"] = 1e6 * (time.process_time() - cpu0) / (rows * rounds)
+        client.command(f"DROP DATABASE {db} SYNC")
+
+    arrow = []
+    for k in range(rounds):  # built before the clock starts: the engine alone is timed
+        copies = [e.model_copy(update={"id": f"c{k}-{i}"}) for i, e in enumerate(events)]
+        arrow.append({t: _arrow(pa, t, r) for t, r in rows_for([(e, 0) for e in copies]).items()})
+    measure("arrow", "ceiling", lambda k: [client.insert_arrow(f"ceiling.{t}", data)
+                                           for t, data in arrow[k].items()])
+    arrow.clear()  # memory for the next part
+    templates = [Template(e) for e in events]
+    stamp = events[0].time.isoformat().replace("+00:00", "Z")
+    payloads = [b"\n".join(t.render(f"j{k}-{i:030d}", stamp) for i, t in enumerate(templates))
+                for k in range(rounds)]
+    measure("json", "ceiling_json", lambda k: client.raw_insert(
+        "ceiling_json.ingest_node", None, payloads[k], fmt="JSONEachRow",
+        settings={**SETTINGS, "insert_deduplication_token": f"ceiling-{k}"}))
     client.close()
-    return best
+    return out
 
 
 def _arrow(pa: object, table: str, rows: list[list[object]]) -> object:
@@ -372,6 +396,9 @@ def main() -> int:
     print(f"sustained end to end       {value} GPU-rows/s (highest stored rate of a phase)")
     print(f"raw engine ceiling         {base} GPU-rows/s (Arrow column insert, same schema)")
     print(f"ratio                      {value / base:.2f}")
+    print(f"engine alone, JSON path    {round(raw['json_insert_gpu_rows_per_s'])} GPU-rows/s one "
+          f"insert; CPU per GPU row with merges {raw['json_cpu_us_per_gpu_row']:.2f} µs "
+          f"(Arrow {raw['arrow_cpu_us_per_gpu_row']:.2f} µs)")
     print(json.dumps({"name": "lens_ingest_gpu_rows_per_s", "value": value, "unit": "GPU-rows/s",
                       "baseline": base, "baseline_name": "direct Arrow column insert into chDB",
                       "ratio": round(value / base, 3), "complete": complete, "kept_up": kept_up,
