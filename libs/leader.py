@@ -163,14 +163,14 @@ class LeaderElection:
         self._task: asyncio.Task[None] | None = None
         self._log = get_logger(component="leader", role=role, holder=self.holder)
 
-    # ------------------------------------------------------------------ state
-
-
     @classmethod
     def for_service(cls, bus: Bus, role: str, settings: Settings) -> LeaderElection:
         """The election a service replica runs: TTL and name from its settings."""
         return cls(bus, role, ttl_s=settings.leader_ttl_s,
                    holder=holder_name(settings.leader_id, settings.state_dir))
+
+    # ------------------------------------------------------------------ state
+
     @property
     def is_leader(self) -> bool:
         return leads(self._held, now=self._clock(), ttl_s=self.ttl_s)
@@ -216,9 +216,13 @@ class LeaderElection:
         over now instead of after the TTL."""
         self._stop.set()
         if self._task is not None:
-            self._task.cancel()
+            # Let a write in flight land rather than cancel it: a renewal the
+            # server applied but this process never recorded leaves the
+            # delete below at a stale revision, and the lease would then
+            # expire instead of being handed over. The loop sees the stop at
+            # its next await; a step stuck on NATS is cancelled after a tick.
             with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._task
+                await asyncio.wait_for(self._task, tick_s(self.ttl_s))
         held = self._held
         if held is not None:
             self._lose("stopped", expected=True)
