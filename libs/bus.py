@@ -466,7 +466,26 @@ class Bus:
             if msg.reply:
                 await msg.respond(json.dumps(reply, default=str).encode())
 
-        return await self.nc.subscribe(subject, queue=queue, cb=_on)
+        sub = await self.nc.subscribe(subject, queue=queue, cb=_on)
+        await self.flush()  # answering once this returns, to any connection
+        return sub
+
+    async def flush(self, timeout_s: float = 10.0) -> None:
+        """Return once the server has processed everything this connection
+        sent so far, subscriptions included: a publish from any connection
+        after this reaches them.
+
+        nats-py's ``flush()`` alone does not promise that: it writes its PING
+        straight to the socket while a new SUB still waits in the client's
+        pending buffer for the flusher task, so the PONG can come back before
+        the server has the SUB, and a publish from another connection right
+        then is lost (seen on a loaded machine). The flusher writes the buffer
+        first, then the PING goes out behind it."""
+        async def both() -> None:
+            await self.nc._flush_pending(force_flush=True)
+            await self.nc.flush(timeout=timeout_s)  # type: ignore[arg-type]
+
+        await asyncio.wait_for(both(), timeout_s)
 
     async def request(
         self, subject: str, body: dict[str, Any] | None = None, timeout_s: float = 5.0
