@@ -453,7 +453,8 @@ class Bus:
         *, queue: str = "",
     ) -> Any:
         """Answer JSON requests on a core NATS subject (health, queries);
-        returns the subscription (unsubscribe it to stop answering)."""
+        returns the subscription (unsubscribe it to stop answering) once the
+        server has it, so a request sent next from anywhere is answered."""
 
         async def _on(msg: Msg) -> None:
             try:
@@ -467,7 +468,12 @@ class Bus:
                 await msg.respond(json.dumps(reply, default=str).encode())
 
         sub = await self.nc.subscribe(subject, queue=queue, cb=_on)
-        await self.flush()  # answering once this returns, to any connection
+        try:
+            await self.flush()  # answering once this returns, to any connection
+        except (nats.errors.Error, TimeoutError) as exc:
+            # Kept on the client all the same: nats-py subscribes again on reconnect.
+            self._log.warning("server has not confirmed a subscription yet", subject=subject,
+                              error=str(exc) or type(exc).__name__)
         return sub
 
     async def flush(self, timeout_s: float = 10.0) -> None:
