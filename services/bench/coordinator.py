@@ -94,6 +94,7 @@ class BenchCoordinator:
         self.verdicts = 0
         self.election: LeaderElection | None = None
         self._term: int | None = None
+        self._acting = False  # loaded the bucket and answering (health says so)
         self._term_bus: Bus | None = None  # the leader's consumer
         self._subs: list[Any] = []  # the leader's request subscriptions
         self._follow_task: asyncio.Task[None] | None = None
@@ -113,12 +114,13 @@ class BenchCoordinator:
         assert self.bus is not None and self.kv is not None
         self._log.info("leading", term=term)
         self._term = term
-        self.latest = {}
+        latest: dict[str, dict[str, Any]] = {}
         try:
             for key in await self.kv.keys():
-                self.latest[key] = _migrate(key, json.loads((await self.kv.get(key)).value))
+                latest[key] = _migrate(key, json.loads((await self.kv.get(key)).value))
         except NoKeysError:
             pass
+        self.latest = latest
         bus = self.bus
         self.multinode = MultiNode(bus, self.config, self.latest, SOURCE)
         self.sweeps = Sweeps(self)
@@ -134,6 +136,7 @@ class BenchCoordinator:
             await bus.serve(SWEEP_SUBJECT, self.sweeps.run, queue="bench-coordinator"),
             await bus.nc.subscribe(SHARE_SUBJECT.format(session="*"), cb=self._on_share),
         ]
+        self._acting = True
 
     async def _abdicate(self, reason: str) -> None:
         self._log.warning("standing by", reason=reason, term=self._term)
@@ -141,6 +144,7 @@ class BenchCoordinator:
         await self._stop_acting()
 
     async def _stop_acting(self) -> None:
+        self._acting = False
         for sub in self._subs:
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()
@@ -362,6 +366,9 @@ class BenchCoordinator:
 
     def health(self) -> dict[str, Any]:
         leadership = self.election.describe() if self.election is not None else {}
-        return {"nodes_with_results": len(self.latest), "retries": self.retries,
+        # "leader" comes from the lease; "acting" once the leader has loaded
+        # every node's record and answers (a moment later on taking over).
+        return {"acting": self._acting, "nodes_with_results": len(self.latest),
+                "retries": self.retries,
                 "verdicts": self.verdicts, "sweeps": self.sweeps.runs,
                 "config_error": self.config.error, **leadership}

@@ -62,7 +62,12 @@ async def test_bench_coordinator_standby_takes_over(nats_url: str, bus: Bus,
         second = await leader_is(bus, "coord-b", role=ROLE, timeout=TTL_S + MARGIN_S + 5)
         assert time.monotonic() - killed <= TTL_S + MARGIN_S
         assert second["term"] > first["term"]
-        [health] = await every_health(bus, ROLE)
+
+        async def acting() -> dict[str, Any] | None:
+            replies = await every_health(bus, ROLE, wait_s=0.5)
+            return replies[0] if len(replies) == 1 and replies[0]["acting"] else None
+
+        health = await until(acting, "the new leader to load the bucket and answer", 30)
         assert health["role"] == "leader" and health["term"] == second["term"]
         assert health["nodes_with_results"] == 1  # loaded from the bucket on taking over
         await bus.publish(result("n2", 11.0))
