@@ -487,11 +487,9 @@ class Bus:
         the server has the SUB, and a publish from another connection right
         then is lost (seen on a loaded machine). The flusher writes the buffer
         first, then the PING goes out behind it."""
-        async def both() -> None:
+        async with asyncio.timeout(timeout_s):
             await self.nc._flush_pending(force_flush=True)
             await self.nc.flush(timeout=timeout_s)  # type: ignore[arg-type]
-
-        await asyncio.wait_for(both(), timeout_s)
 
     async def request(
         self, subject: str, body: dict[str, Any] | None = None, timeout_s: float = 5.0

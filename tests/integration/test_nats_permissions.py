@@ -187,8 +187,7 @@ async def _exercise(r: Role, secured: SecuredNats, admin: Bus) -> None:
             await sub.unsubscribe()
         for subject in r.calls:
             target = concrete(subject)
-            sub = await admin.nc.subscribe(target, cb=_echo(admin))
-            await admin.flush()
+            sub = await admin.serve(target, _ok)
             assert json.loads((await bus.nc.request(target, b"{}", timeout=10)).data)["ok"]
             await sub.unsubscribe()
     finally:
@@ -197,12 +196,6 @@ async def _exercise(r: Role, secured: SecuredNats, admin: Bus) -> None:
 
 async def _ok(_: object) -> dict[str, bool]:
     return {"ok": True}
-
-
-def _echo(bus: Bus):  # type: ignore[no-untyped-def]
-    async def on(msg):  # type: ignore[no-untyped-def]
-        await msg.respond(b'{"ok": true}')
-    return on
 
 
 @pytest.mark.parametrize("name", [r.name for r in ROLES if r.name != "trainer"])
@@ -226,7 +219,7 @@ async def test_a_flush_returns_after_the_server_has_the_subscription(
     agent.nc._error_cb = on_error
     try:
         for n in range(5):
-            await agent.nc.subscribe(f"safe.job.j{n}.placed", cb=_echo(agent))
+            await agent.nc.subscribe(f"safe.job.j{n}.placed")
             await agent.flush()
             assert any(f"safe.job.j{n}.placed" in e for e in errors), (n, errors)
     finally:
