@@ -256,14 +256,17 @@ class Fleet:
         runs: dict[str, Any] = {}
         for node in nodes:
             verdict = reply["verdicts"].get(node)
-            first = [e for e in self.results.get(f"{reply['session']}-{node}", [])
-                     if e.data.judged_by == "agent" and e.data.attempt == 1]
+            mine = [e for e in self.results.get(f"{reply['session']}-{node}", [])
+                    if e.data.judged_by == "agent"]
+            first = [e for e in mine if e.data.attempt == 1]
             if verdict is None or not first:
                 raise RuntimeError(f"no verdict for {node} in {reply}")
             runs[node] = {"node": node, "outcome": verdict["outcome"],
                           "reason": verdict["reason"], "retried": verdict["retried"],
                           "score": verdict["score"], "seconds": first[0].data.duration_s,
-                          "figures": {f.name: f.value for f in first[0].data.figures}}
+                          "figures": {f.name: f.value for f in first[0].data.figures},
+                          "repeats": [{f.name: f.value for f in e.data.figures}
+                                      for e in mine if e.data.attempt > 1]}
         runs["_seconds"] = reply["seconds"]
         runs["_first_s"] = reply["first_pass_s"]
         return runs
@@ -285,14 +288,17 @@ class Fleet:
 # --------------------------------------------------------------------------- main
 
 
-async def campaign(fleet: Fleet, args: argparse.Namespace, slow: str) -> list[dict[str, Any]]:
+async def campaign(fleet: Fleet, args: argparse.Namespace, slow: str,
+                   throttle: Throttle) -> list[dict[str, Any]]:
     await fleet.connect()
     rng = random.Random(args.seed)
     runs: list[dict[str, Any]] = []
     for rep in range(-args.warmup, args.reps):
         order = list(fleet.nodes)
         rng.shuffle(order)
+        cpu0, stopped0 = throttle.cpu_s, throttle.stopped_s
         swept = await fleet.sweep(order)
+        cpu, stopped = throttle.cpu_s - cpu0, throttle.stopped_s - stopped0
         seconds = swept.pop("_seconds")
         first_s = swept.pop("_first_s")
         if rep < 0:
@@ -301,12 +307,16 @@ async def campaign(fleet: Fleet, args: argparse.Namespace, slow: str) -> list[di
             continue
         for run in swept.values():
             run.update(rep=rep, slowed=run["node"] == slow, sweep_s=seconds,
-                       node_s=first_s / len(fleet.nodes))
+                       node_s=first_s / len(fleet.nodes),
+                       stopped_per_cpu_s=stopped / cpu if cpu else None)
             runs.append(run)
         flagged = sorted(n for n, r in swept.items() if r["outcome"] != "healthy")
         retried = sorted(n for n, r in swept.items() if r["retried"])
+        score = swept[slow]["score"]
         print(f"rep {rep + 1:2d}/{args.reps}: flagged {flagged or '-'}, retried "
-              f"{retried or '-'} ({seconds:.0f} s)", flush=True)
+              f"{retried or '-'}; {slow} score {score if score is not None else float('nan'):.3f}"
+              f", stood still {stopped / max(cpu, 1e-9):.3f} s per CPU s ({seconds:.0f} s)",
+              flush=True)
     return runs
 
 
@@ -365,7 +375,7 @@ def main() -> int:
         throttle.start()
         t0 = time.monotonic()
         try:
-            runs = asyncio.run(campaign(fleet, args, slow))
+            runs = asyncio.run(campaign(fleet, args, slow, throttle))
         finally:
             throttle.stop()
             fleet.stop()

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 import statistics
+from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Literal
@@ -161,6 +162,45 @@ def fleet_spread(runs: Mapping[str, Mapping[str, float]],
               if j.score is not None and j.score_median]
     score = robust_center(ratios)[1] if len(ratios) >= 3 else None
     return Spread(figures, score)
+
+
+class SpreadHistory:
+    """The scatter of every figure over a fleet's recent sweeps, per GPU model.
+
+    One sweep's MAD of a figure over a handful of nodes is itself noisy, and
+    the node score weighs each figure by the inverse square of its scatter: in
+    a sweep where a noisy figure (collectives on a shared CPU) happens to
+    scatter little, it takes most of the weight, and one lucky value of it
+    can hide a node that every steady figure shows slow. How much a figure
+    scatters is a property of the figure and the fleet, steady from sweep to
+    sweep, so the scatter a sweep is judged with is, per figure, the larger of
+    its own and the median over the last ``keep`` sweeps: a few nodes can
+    show too little scatter by chance, and a sweep that really scatters more
+    (a disturbed machine room) keeps its own. Kept in memory only: after a
+    restart the first sweeps judge with their own scatter, as a fleet's first
+    does."""
+
+    def __init__(self, keep: int = 10) -> None:
+        self.keep = keep
+        self._spreads: dict[str, deque[Spread]] = {}
+
+    def add(self, model: str, spread: Spread) -> None:
+        self._spreads.setdefault(model, deque(maxlen=self.keep)).append(spread)
+
+    def pooled(self, model: str, current: Spread | None = None) -> Spread:
+        """Per figure, the larger of ``current``'s scatter and the median over
+        the kept sweeps; the node score's scatter is ``current``'s (it changes
+        with the figures' weights, so older ones do not compare)."""
+        kept = self._spreads.get(model, ())
+        own = current.figures if current else {}
+        figures = dict(own)
+        for name in sorted({name for spread in kept for name in spread.figures}):
+            typical = statistics.median(s.figures[name] for s in kept if name in s.figures)
+            figures[name] = max(typical, own.get(name, 0.0))
+        return Spread(figures, current.score if current else None)
+
+    def sweeps(self, model: str) -> int:
+        return len(self._spreads.get(model, ()))
 
 
 def judge_node(

@@ -6,7 +6,9 @@ different times are compared with a machine room (or, for agents sharing one
 machine, a machine) that has changed in between. A sweep measures its nodes
 together — all at once on separate hardware, or taking turns sample by
 sample (``turns.py``) where they share it — and judges every node against
-the other nodes' runs from the same sweep. A node that looks unhealthy is
+the other nodes' runs from the same sweep, each figure weighed by how much it
+scatters over this fleet's recent sweeps (``SpreadHistory``), not over this
+sweep's few nodes alone. A node that looks unhealthy is
 measured again in a second, smaller sweep together with a few nodes that
 looked healthy, and judged against those fresh runs; only what that repeat
 confirms is published.
@@ -28,6 +30,7 @@ from services.bench.fleet import (
     NodeJudgement,
     Outcome,
     Spread,
+    SpreadHistory,
     fleet_spread,
     score_ratio,
     weigh_retries,
@@ -66,6 +69,7 @@ class Sweeps:
         self._arrived: dict[str, asyncio.Event] = {}
         self.stopping = False
         self.runs = 0
+        self.noise = SpreadHistory()  # how much each figure scatters, sweep after sweep
 
     @property
     def _log(self) -> Any:
@@ -176,13 +180,24 @@ class Sweeps:
         t0 = time.monotonic()
         first = await self.measure(session, nodes, level=level, turns=turns)
         first_s = time.monotonic() - t0
+        model = _model(first)
+        # Each figure's scatter: this sweep's, or the typical one of the recent
+        # sweeps where this sweep's came out smaller (SpreadHistory).
+        pooled = self.noise.pooled(model, fleet_spread(self._figures(first, list(first))))
         judged = {}
         for node, run in first.items():
             others = [n for n in first if n != node]
-            judged[node] = coord.judge(run.data, self._figures(first, others))
+            judged[node] = coord.judge(run.data, self._figures(first, others), pooled)
         decisions = {n: decide(local=local, fleet=(j.outcome, j.reason), first=None)
                      for n, (j, local) in judged.items()}
         suspects = sorted(n for n, d in decisions.items() if d.action == "retry")
+        # The first pass without its suspects: how much this fleet scatters.
+        calm = [n for n in first if n not in suspects]
+        calm_spread = fleet_spread(self._figures(first, calm), {n: judged[n][0] for n in calm})
+        # The fresh helpers of a repeat give the medians; the scatter is this
+        # one, as the MAD of a few helpers is too noisy to trust.
+        spread = self.noise.pooled(model, calm_spread)
+        self.noise.add(model, calm_spread)
         verdicts: dict[str, dict[str, Any]] = {}
         for node, decision in decisions.items():
             if decision.action == "verdict":
@@ -193,11 +208,6 @@ class Sweeps:
                        and d.outcome == "healthy"]
             # The most typical healthy nodes: scores nearest the sweep's median.
             helpers = sorted(healthy, key=lambda n: (abs(_ratio(judged[n][0]) - 1), n))[:HELPERS]
-            # The fresh helpers give the medians; the first pass, with all its
-            # healthy-looking nodes, gives the scatter.
-            calm = [n for n in first if n not in suspects]
-            spread = fleet_spread(self._figures(first, calm),
-                                  {n: judged[n][0] for n in calm})
             policy = coord.config.current.fleet
             repeats: dict[str, list[tuple[float, float]]] = {n: [] for n in suspects}
             pending, attempt = suspects, 2
@@ -250,6 +260,11 @@ class Sweeps:
         out[run.node] = {"outcome": outcome, "reason": reason, "retried": retried,
                          "score": _ratio(judged) if judged.score else None,
                          "duration_s": run.data.duration_s, "flagged": judged.flagged}
+
+
+def _model(runs: dict[str, BenchResult]) -> str:
+    """The GPU model(s) a sweep measured: its nodes are judged against each other."""
+    return ",".join(sorted({r.data.gpu_model or r.data.device or "" for r in runs.values()}))
 
 
 def _ratio(judged: NodeJudgement) -> float:

@@ -223,3 +223,50 @@ def test_only_an_unsure_repeat_with_nothing_else_wrong_is_measured_again() -> No
     assert not measure_again("low", attempt=2, max_retries=2, local="healthy", fleet="healthy")
     assert not measure_again("normal", attempt=2, max_retries=2, local="healthy",
                              fleet="healthy")
+
+
+def test_the_scatter_pooled_over_sweeps_keeps_one_lucky_figure_from_hiding_a_slow_node() -> None:
+    from services.bench.fleet import SpreadHistory, fleet_spread, score_ratio
+
+    rng = random.Random(5)
+
+    def sweep(allreduce_noise: float) -> dict[str, dict[str, float]]:
+        fleet = peers(7, 0.01, seed=rng.randrange(1000))
+        for values in fleet.values():  # collectives on a shared CPU: noisy, mostly
+            values["allreduce_gbps"] = 20.0 * (1 + rng.gauss(0, allreduce_noise))
+        return fleet
+
+    history = SpreadHistory(keep=4)
+    for _ in range(6):  # earlier sweeps: allreduce scattered ~15%
+        history.add("cpu", fleet_spread(sweep(0.15)))
+    assert history.sweeps("cpu") == 4 and history.sweeps("MI300X") == 0
+    # This sweep allreduce happened to scatter 1%, and the node that is 9%
+    # slow in every steady figure got a lucky allreduce 8% above the median.
+    today = sweep(0.01)
+    slow = run(0.91, allreduce_gbps=21.6)
+    alone = judge_node(slow, today, policy=POLICY)
+    assert alone.outcome == "healthy"  # the lucky figure took most of the weight
+    pooled = history.pooled("cpu", fleet_spread(today))
+    assert pooled.figures["allreduce_gbps"] > 0.05 > pooled.figures["gemm_tflops"]
+    judged = judge_node(slow, today, policy=POLICY, spread=pooled)
+    assert judged.outcome == "degraded" and judged.flagged == ["node_score"]
+    assert score_ratio(judged) == pytest.approx(0.91, abs=0.03)
+    for seed in range(20):  # and the healthy nodes of such a sweep stay healthy
+        mine = [(k, v, UNITS[k]) for k, v in peers(1, 0.01, seed=200 + seed)["p0"].items()]
+        assert judge_node(mine, today, policy=POLICY, spread=pooled).outcome == "healthy"
+
+
+def test_a_sweep_is_judged_with_the_larger_of_its_own_scatter_and_the_typical_one() -> None:
+    from services.bench.fleet import Spread, SpreadHistory
+
+    history = SpreadHistory(keep=3)
+    assert history.pooled("cpu") == Spread({}, None)
+    for gemm, triad in [(0.50, 0.5), (0.01, 0.2), (0.02, 0.3), (0.03, 0.1)]:  # 0.50 drops out
+        history.add("cpu", Spread({"gemm": gemm, "triad": triad}, score=0.9))
+    assert history.pooled("cpu") == Spread({"gemm": 0.02, "triad": 0.2}, None)
+    # A lucky sweep (gemm 1%) takes the typical 2%; a disturbed one (triad
+    # 40%) keeps its own; a figure the history lacks, its own; the score, its own.
+    current = Spread({"gemm": 0.01, "triad": 0.4, "membw": 0.07}, score=0.015)
+    assert history.pooled("cpu", current) == Spread(
+        {"gemm": 0.02, "membw": 0.07, "triad": 0.4}, 0.015)
+    assert history.pooled("MI300X", current) == current
