@@ -5,7 +5,7 @@ Starts a real nats-server, the bench coordinator and N bench agents (local
 configuration, slows one node down, and runs R fleet sweeps of the standard
 level after one warm-up sweep. Each sweep ends with the coordinator's
 verdict on every node, which includes the repeats of any node that looked
-unhealthy (measured again beside four nodes that looked healthy, judged on
+unhealthy (measured again beside five nodes that looked healthy, judged on
 its repeats only, once more when a repeat cannot tell).
 
 One node at a time: the nodes share this machine's two cores, so in a sweep
@@ -24,7 +24,8 @@ its caches (other processes run meanwhile), so its throughput drops by more
 than s. Measured here at the fleet's raised priority (--nice): s = 0.06 left
 the slowed node's median score 9.9% below its peers on a quiet machine,
 s = 0.085 14.7% with other work running; from sweep to sweep the effect
-varies (in 2 of 20 sweeps it was under 4%). The slowdown
+varies (20 sweeps on 2026-12-01 at s = 0.06: the slowed node's score 0.85
+to 0.94 of its peers', 0.918 median). The slowdown
 reported is what the figures showed: one minus the slowed node's median
 score against its peers. CPU time is read from a
 cgroup-v1 ``cpuacct`` group made for the node where the machine allows

@@ -140,7 +140,7 @@ class Spread:
     """How much a fleet scatters, as robust relative deviations (MAD * 1.4826 /
     median): per figure and for the node score. Judging a retry against a few
     fresh peers takes the scale from the larger sweep before it, because the
-    MAD of four values is itself too noisy to trust."""
+    MAD of a few values is itself too noisy to trust."""
 
     figures: Mapping[str, float]
     score: float | None = None
