@@ -300,6 +300,7 @@ async def campaign(fleet: Fleet, args: argparse.Namespace, slow: str,
         cpu0, stopped0 = throttle.cpu_s, throttle.stopped_s
         swept = await fleet.sweep(order)
         cpu, stopped = throttle.cpu_s - cpu0, throttle.stopped_s - stopped0
+        stop_share = stopped / cpu if cpu else 0.0  # seconds stood still per CPU second
         seconds = swept.pop("_seconds")
         first_s = swept.pop("_first_s")
         if rep < 0:
@@ -309,14 +310,14 @@ async def campaign(fleet: Fleet, args: argparse.Namespace, slow: str,
         for run in swept.values():
             run.update(rep=rep, slowed=run["node"] == slow, sweep_s=seconds,
                        node_s=first_s / len(fleet.nodes),
-                       stopped_per_cpu_s=stopped / cpu if cpu else None)
+                       stopped_per_cpu_s=stop_share)
             runs.append(run)
         flagged = sorted(n for n, r in swept.items() if r["outcome"] != "healthy")
         retried = sorted(n for n, r in swept.items() if r["retried"])
         score = swept[slow]["score"]
         print(f"rep {rep + 1:2d}/{args.reps}: flagged {flagged or '-'}, retried "
               f"{retried or '-'}; {slow} score {score if score is not None else float('nan'):.3f}"
-              f", stood still {stopped / max(cpu, 1e-9):.3f} s per CPU s ({seconds:.0f} s)",
+              f", stood still {stop_share:.3f} s per CPU s ({seconds:.0f} s)",
               flush=True)
     return runs
 

@@ -241,7 +241,8 @@ class Sweeps:
         missing = sorted(set(nodes) - set(first)) + [f"{n} (retry)" for n in suspects
                                                      if n not in verdicts]
         self._log.info("sweep done", session=session, nodes=len(nodes), suspects=suspects,
-                       missing=missing, seconds=round(time.monotonic() - t0, 1))
+                       missing=missing, seconds=round(time.monotonic() - t0, 1),
+                       scatter_of_sweeps=self.noise.sweeps(model))  # the typical one's basis
         return {"ok": True, "session": session, "verdicts": verdicts, "missing": missing,
                 "suspects": suspects, "seconds": round(time.monotonic() - t0, 2),
                 "first_pass_s": round(first_s, 2)}
