@@ -10,6 +10,7 @@ import argparse
 import asyncio
 import json
 import sys
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -39,31 +40,33 @@ def run_service_verb(args: argparse.Namespace) -> int:
 
         if args.hosts:
             settings = settings.model_copy(update={"hosts_file": Path(args.hosts)})
-        service: Any = Bootstrap(settings)
+        make: Any = partial(Bootstrap, settings)
     elif args.verb == "scheduler":
         from services.scheduler.app import Scheduler
 
-        service = Scheduler(settings)
+        make = partial(Scheduler, settings)
     elif args.verb == "bench-agent":
         from services.bench.agent import BenchAgent
 
         node = args.node or settings.node_name
         if not node:
             raise CliError("bench-agent needs a node name: --node NAME or PRIMUS_NODE_NAME")
-        service = BenchAgent(settings, check_key(node, "node name"))
+        check_key(node, "node name")
+        make = partial(BenchAgent, settings, node)
     elif args.verb == "bench-coordinator":
         from services.bench.coordinator import BenchCoordinator
 
-        service = BenchCoordinator(settings)
+        make = partial(BenchCoordinator, settings)
     elif args.verb == "lens-collector":
         from services.lens_collector.app import LensCollector
 
-        service = LensCollector(settings)
+        make = partial(LensCollector, settings)
     else:
         from services.failover.app import Failover
 
-        service = Failover(settings)
-    return serve(service, settings, node=node)
+        make = partial(Failover, settings)
+    # A factory: a connection the server closes is survived with a fresh instance.
+    return serve(make, settings, node=node)
 
 
 # --------------------------------------------------------------------------- verbs

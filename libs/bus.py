@@ -2,16 +2,25 @@
 de-duplicated publishing, durable batch pull consumers and dead-lettering.
 
 Delivery is at-least-once. A consumer acks only after its handler returned
-(the effect is durable); a message that cannot be decoded or validated goes to
-``safe.dlq.<service>`` with the reason in a header, is counted, and is acked so
-it never blocks the stream; a handler that keeps failing is dead-lettered
-after ``max_deliver`` tries.
+(the effect is durable); a message that cannot be decoded or validated (or is
+of a newer version than this code reads, or is on a subject its type does not
+belong to) goes to ``safe.dlq.<service>`` with the reason in a header, is
+counted, and is acked so it never blocks the stream; a handler that keeps
+failing is dead-lettered after ``max_deliver`` tries.
+
+Nothing this module sends may exceed the server's payload limit: the server
+answers an oversized message by closing the connection, and nats-py then
+gives up on it for good. A dead letter whose body would not fit is cut, with
+the body's size and digest in its headers; an event too large to publish is
+refused here with a clear error. A connection that closes all the same is
+reported to ``on_connection_lost`` watchers (the service shell reconnects).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import json
 import ssl
 from collections.abc import Awaitable, Callable, Sequence
@@ -30,7 +39,7 @@ from nats.js.kv import KeyValue
 from pydantic import ValidationError
 
 from libs import natsfast
-from libs.events import SUBJECT_ROOT, Event, encode_event, parse_event
+from libs.events import SUBJECT_ROOT, Event, UnsupportedVersion, encode_event, read_event
 from libs.logs import get_logger
 from libs.natsfast import FastPuller
 from libs.pull import Puller
@@ -85,6 +94,36 @@ HEALTH_SUBJECT = SUBJECT_ROOT + ".health.{service}"
 QUERY_SUBJECT = SUBJECT_ROOT + ".query.{name}"
 REASON_HEADER = "Primus-Reason"
 ORIGIN_HEADER = "Primus-Subject"
+SERVICE_HEADER = "Primus-Service"  # the service that refused it
+BODY_SIZE_HEADER = "Primus-Body-Size"  # set when the body was cut: its full size,
+BODY_SHA256_HEADER = "Primus-Body-Sha256"  # and the digest of the whole body
+# What a dead letter keeps of a long reason and of the subject it came from.
+MAX_REASON_CHARS = 1000
+MAX_ORIGIN_CHARS = 512
+# Room left under the server's limit for the protocol's own framing.
+PAYLOAD_MARGIN = 64
+
+
+class MessageTooLarge(ValueError):
+    """An event (with its headers) that the server would refuse by closing
+    the connection: refused before it is sent."""
+
+
+def headers_size(headers: dict[str, str] | None) -> int:
+    """Bytes of the NATS/1.0 header block nats-py sends for ``headers``
+    (the server counts them against its payload limit with the body)."""
+    if not headers:
+        return 0
+    return len(b"NATS/1.0\r\n\r\n") + sum(
+        len(k.encode()) + len(v.encode()) + 4 for k, v in headers.items())
+
+
+def _header_text(value: str, limit: int) -> str:
+    # Header values are one line of printable ASCII; a hostile subject or
+    # reason must not break the header block or grow it without bound.
+    text = value.encode("ascii", "backslashreplace").decode()
+    text = "".join(c if " " <= c <= "~" else " " for c in text)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def dlq_subject(service: str) -> str:
@@ -106,14 +145,38 @@ class ConsumerStats:
     handled: int = 0
     dead_lettered: int = 0
     dead_letter_reasons: list[str] = field(default_factory=list)
+    # Fields a known version does not define (a newer producer), by path: read without them.
+    unknown_fields: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass
+class Link:
+    """What the connection's callbacks last said: ``connected``,
+    ``disconnected`` (nats-py is reconnecting) or ``closed`` (for good)."""
+
+    state: str = "connecting"
+    disconnects: int = 0
+    reason: str = ""
+    closing: bool = False  # our own close: not a loss
+
+
+# Called with the reason when a connection closes that nobody closed on purpose.
+_LOST_WATCHERS: list[Callable[[str], None]] = []
+
+
+def on_connection_lost(watcher: Callable[[str], None]) -> Callable[[], None]:
+    """Register ``watcher``; returns the function that removes it again."""
+    _LOST_WATCHERS.append(watcher)
+    return lambda: _LOST_WATCHERS.remove(watcher) if watcher in _LOST_WATCHERS else None
 
 
 class Bus:
     """A connected NATS client plus JetStream context for one service."""
 
     def __init__(self, nc: Client, service: str, *, url: str | None = None,
-                 token: str | None = None) -> None:
+                 token: str | None = None, link: Link | None = None) -> None:
         self.nc = nc
+        self.link = link or Link(state="connected")
         self.url, self.token = url, token  # for a hot consumer's own connection
         self.js = nc.jetstream()
         self.service = service
@@ -134,8 +197,29 @@ class Bus:
         """Connect as ``service``: with a token (the embedded stack), or as a
         NATS user (the chart: one per service, libs/nats_permissions.py), and
         over TLS when a CA or a client certificate is given."""
+        link = Link()
+        log = get_logger(component="bus")
+
         async def _error(exc: Exception) -> None:
-            get_logger(component="bus").warning("nats error", error=str(exc))
+            if link.state != "connecting":  # a first connect that fails says so once, below
+                log.warning("nats error", error=str(exc) or type(exc).__name__)
+            link.reason = str(exc) or type(exc).__name__
+
+        async def _disconnected() -> None:
+            if link.state == "connected":
+                link.disconnects += 1
+            if link.state != "closed":
+                link.state = "disconnected"
+
+        async def _reconnected() -> None:
+            link.state = "connected"
+
+        async def _closed() -> None:
+            link.state = "closed"
+            if not link.closing:
+                log.error("nats connection closed", service=service, reason=link.reason)
+                for watcher in list(_LOST_WATCHERS):
+                    watcher(link.reason or "closed by the server")
 
         tls: ssl.SSLContext | None = None
         if tls_ca or tls_cert:
@@ -167,6 +251,9 @@ class Bus:
                 reconnect_time_wait=0.5,
                 drain_timeout=5,  # a stop must fit the 30 s a pod gets after SIGTERM
                 error_cb=_error,
+                disconnected_cb=_disconnected,
+                reconnected_cb=_reconnected,
+                closed_cb=_closed,
                 allow_reconnect=True,
             ), timeout_s)
         except (nats.errors.NoServersError, OSError, TimeoutError) as exc:
@@ -174,6 +261,7 @@ class Bus:
                 f"cannot reach NATS at {url}: {exc}; start it (primus-safe up) "
                 "or set PRIMUS_NATS_URL"
             ) from exc
+        link.state, link.reason = "connected", ""
         # The hot consumer's lean connection (libs.natsfast) speaks plain TCP
         # and takes a user from the URL: no fast path over TLS.
         fast_url: str | None = url
@@ -185,7 +273,7 @@ class Bus:
             # natsfast reads the user from the URL as is: only safe characters.
             fast_url = None if quote(auth, safe=":") != auth else urlunsplit(parts._replace(
                 netloc=f"{auth}@{parts.hostname}" + (f":{parts.port}" if parts.port else "")))
-        return cls(nc, service, url=fast_url, token=token)
+        return cls(nc, service, url=fast_url, token=token, link=link)
 
     async def ensure_topology(self, replicas: int = 1) -> None:
         """Declare streams and KV buckets; safe to call from every service.
@@ -207,11 +295,22 @@ class Bus:
 
     # ------------------------------------------------------------------ publish
 
+    @property
+    def max_payload(self) -> int:
+        """The server's limit on one message, headers included."""
+        return self.nc.max_payload
+
     async def publish(self, event: Event) -> bool:
-        """Publish durably; returns False when JetStream saw this id already."""
-        ack = await self.js.publish(
-            event.subject, encode_event(event), headers={"Nats-Msg-Id": event.id}
-        )
+        """Publish durably; returns False when JetStream saw this id already.
+        Raises ``MessageTooLarge`` for an event the server would not take."""
+        body = encode_event(event)
+        headers = {"Nats-Msg-Id": event.id}
+        size = len(body) + headers_size(headers)
+        if size > self.max_payload:
+            raise MessageTooLarge(
+                f"{event.type} event {event.id} is {size} bytes; the bus takes at most "
+                f"{self.max_payload} bytes per message (the server's max_payload)")
+        ack = await self.js.publish(event.subject, body, headers=headers)
         return not ack.duplicate
 
     # ------------------------------------------------------------------ consume
@@ -374,11 +473,12 @@ class Bus:
         self.stats.delivered += len(msgs)
         good: list[tuple[Msg, Event]] = []
         for msg in msgs:
-            try:
-                good.append((msg, parse_event(msg.data)))
-            except (ValidationError, ValueError) as exc:
-                await self.dead_letter(msg, f"invalid event: {_short(exc)}")
+            reason = self._refusal(msg)
+            if isinstance(reason, str):
+                await self.dead_letter(msg, reason)
                 await msg.ack()
+            else:
+                good.append((msg, reason))
         if batch_handler is not None:
             batch = [(e, m.metadata.sequence.stream) for m, e in good]
             await self._run(batch_handler, batch, [m for m, _ in good], max_deliver)
@@ -386,6 +486,21 @@ class Bus:
             assert handler is not None
             for msg, event in good:
                 await self._run(handler, event, [msg], max_deliver)
+
+    def _refusal(self, msg: Msg) -> Event | str:
+        """The event in ``msg``, or why this consumer refuses it."""
+        try:
+            event, unknown = read_event(msg.data)
+        except UnsupportedVersion as exc:
+            return str(exc)
+        except (ValidationError, ValueError, RecursionError) as exc:
+            return f"invalid event: {_short(exc)}"
+        if event.subject != msg.subject:
+            return (f"a {event.type} event does not belong on {msg.subject[:MAX_ORIGIN_CHARS]} "
+                    f"(its subject is {event.subject})")
+        for path in unknown:
+            self.stats.unknown_fields[path] = self.stats.unknown_fields.get(path, 0) + 1
+        return event
 
     async def _run(
         self, fn: Callable[[Any], Awaitable[None]], arg: Any, msgs: list[Msg], max_deliver: int
@@ -433,18 +548,31 @@ class Bus:
                 await msg.nak(delay=0.5 * msg.metadata.num_delivered)
 
     async def dead_letter(self, msg: Msg, reason: str) -> None:
-        """Keep what we could not use, with why, where an operator can look."""
+        """Keep what we could not use, with why, where an operator can look.
+
+        One copy per refusing service: the id names the service and the
+        message's place in its stream. The whole dead letter stays under the
+        server's payload limit: a body that would not fit is cut, and its
+        full size and SHA-256 are kept in headers."""
         meta = msg.metadata if msg.reply else None
-        msg_id = (
-            f"dlq-{meta.stream}-{meta.sequence.stream}" if meta is not None else None
-        )
-        headers = {REASON_HEADER: reason[:1000], ORIGIN_HEADER: msg.subject}
-        if msg_id:
-            headers["Nats-Msg-Id"] = msg_id
-        await self.js.publish(dlq_subject(self.service), msg.data, headers=headers)
+        headers = {REASON_HEADER: _header_text(reason, MAX_REASON_CHARS),
+                   ORIGIN_HEADER: _header_text(msg.subject, MAX_ORIGIN_CHARS),
+                   SERVICE_HEADER: _header_text(self.service, 128)}
+        if meta is not None:
+            headers["Nats-Msg-Id"] = f"dlq-{self.service}-{meta.stream}-{meta.sequence.stream}"
+        body = msg.data or b""
+        room = self.max_payload - PAYLOAD_MARGIN - headers_size(
+            {**headers, BODY_SIZE_HEADER: str(len(body)), BODY_SHA256_HEADER: "0" * 64})
+        if len(body) > room:
+            headers[BODY_SIZE_HEADER] = str(len(body))
+            headers[BODY_SHA256_HEADER] = hashlib.sha256(body).hexdigest()
+            body = body[: max(room, 0)]
+        await self.js.publish(dlq_subject(self.service), body, headers=headers)
         self.stats.dead_lettered += 1
-        self.stats.dead_letter_reasons = (self.stats.dead_letter_reasons + [reason])[-20:]
-        self._log.warning("dead-lettered", subject=msg.subject, reason=reason)
+        reasons = self.stats.dead_letter_reasons + [reason[:MAX_REASON_CHARS]]
+        self.stats.dead_letter_reasons = reasons[-20:]
+        self._log.warning("dead-lettered", subject=msg.subject[:MAX_ORIGIN_CHARS],
+                          reason=reason[:MAX_REASON_CHARS], size=len(msg.data or b""))
 
     # ------------------------------------------------------------------ request-reply
 
@@ -518,6 +646,7 @@ class Bus:
 
     async def close(self) -> None:
         """Stop consumers, then drain the connection (flushes what is pending)."""
+        self.link.closing = True
         await self.stop_consuming()
         with contextlib.suppress(Exception):
             await self.nc.drain()

@@ -12,6 +12,7 @@ Compatibility rule: adding an optional field is fine; anything else is a new
 
 from __future__ import annotations
 
+import json
 import re
 import uuid
 from datetime import UTC, datetime
@@ -23,6 +24,7 @@ from pydantic import (
     Field,
     SerializerFunctionWrapHandler,
     TypeAdapter,
+    ValidationError,
     field_validator,
     model_serializer,
     model_validator,
@@ -70,7 +72,7 @@ class Event(Frozen):
     source: str = Field(description="service (and node) that published the event")
     node: str | None = None
     job: str | None = None
-    version: int = 1
+    version: int = Field(default=1, ge=1, description="schema version of this event type")
     data: Any
 
     @field_validator("node", "job")
@@ -745,11 +747,86 @@ AnyEvent = Annotated[
 # A short title: the default names every member, pushing the actual problem
 # out of the (length-capped) dead-letter reason as event types are added.
 _ADAPTER: TypeAdapter[Event] = TypeAdapter(AnyEvent, config=ConfigDict(title="Event"))
+_BY_TYPE: dict[str, type[Event]] = {
+    cls.model_fields["type"].default: cls for cls in EVENT_TYPES}
+
+
+class UnsupportedVersion(ValueError):
+    """An event of a schema version newer than this code knows: its fields
+    may mean something else, so it is refused rather than guessed at."""
+
+
+def max_version(event_type: str) -> int | None:
+    """The newest version of ``event_type`` this code reads (None: unknown type)."""
+    cls = _BY_TYPE.get(event_type)
+    return None if cls is None else int(cls.model_fields["version"].default)
 
 
 def parse_event(payload: bytes | str) -> Event:
-    """Decode and validate one event; raises pydantic.ValidationError."""
-    return _ADAPTER.validate_json(payload)
+    """Decode and validate one event; raises pydantic.ValidationError, or
+    ``UnsupportedVersion`` for a version newer than its model's.
+    Fields a known version does not have are refused (see ``read_event``)."""
+    try:
+        event = _ADAPTER.validate_json(payload)
+    except ValidationError:
+        doc = _json_object(payload)
+        if doc is not None:  # a newer version is refused as such, whatever its shape
+            _check_version(doc.get("type"), doc.get("version", 1))
+        raise
+    _check_version(event.type, event.version)
+    return event
+
+
+def read_event(payload: bytes | str) -> tuple[Event, tuple[str, ...]]:
+    """Decode an event as a consumer should: the version is checked first (a
+    newer one is refused with ``UnsupportedVersion``, whatever its shape),
+    and fields a known version does not define are dropped and returned by
+    their path (``data.foo``), so a producer one release ahead that added an
+    optional field is still understood. Anything else invalid raises
+    pydantic.ValidationError."""
+    unknown: tuple[str, ...] = ()
+    try:
+        event = _ADAPTER.validate_json(payload)
+    except ValidationError as exc:
+        doc = _json_object(payload)
+        if doc is None:
+            raise
+        _check_version(doc.get("type"), doc.get("version", 1))
+        errors = exc.errors()
+        if any(e["type"] != "extra_forbidden" for e in errors):
+            raise
+        unknown = tuple(".".join(str(p) for p in _field_path(e["loc"])) for e in errors)
+        for error in errors:
+            _drop(doc, _field_path(error["loc"]))
+        event = _ADAPTER.validate_python(doc)
+    _check_version(event.type, event.version)
+    return event, unknown
+
+
+def _check_version(event_type: Any, version: Any) -> None:
+    newest = max_version(event_type) if isinstance(event_type, str) else None
+    if newest is not None and isinstance(version, int) and version > newest:
+        raise UnsupportedVersion(
+            f"{event_type} version {version} not supported (max {newest})")
+
+
+def _json_object(payload: bytes | str) -> dict[str, Any] | None:
+    try:
+        doc = json.loads(payload)
+    except (ValueError, RecursionError):
+        return None
+    return doc if isinstance(doc, dict) else None
+
+
+def _field_path(loc: tuple[Any, ...]) -> list[Any]:
+    # The discriminated union puts the event type first: "job.submitted.data.x".
+    return list(loc[1:]) if loc and isinstance(loc[0], str) and loc[0] in _BY_TYPE else list(loc)
+
+
+def _drop(doc: Any, path: list[Any]) -> None:
+    for step in path[:-1]:
+        doc = doc[step]
+    doc.pop(path[-1], None)
 
 
 def encode_event(event: Event) -> bytes:

@@ -4,11 +4,17 @@ a health request, and a clean stop on SIGTERM/SIGINT, bounded in time.
 A service is an object with ``name``, ``async start(bus)``, ``async stop()``
 and ``health() -> dict``; ``serve`` does the rest, so each service
 folder only holds its own wiring around its pure core.
+
+A connection the server closes for good (nats-py reconnects after network
+trouble, but gives up after a protocol error) does not leave a deaf process
+behind: the shell stops the service, connects again with backoff and starts
+a fresh one. Health says ``connection`` and how many times that happened.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import faulthandler
 import os
 import re
@@ -17,10 +23,11 @@ import socket
 import sys
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Protocol
 
-from libs.bus import HEALTH_SUBJECT, Bus
+from libs.bus import HEALTH_SUBJECT, Bus, on_connection_lost
 from libs.logs import configure, get_logger
 from libs.settings import Settings
 
@@ -44,6 +51,15 @@ SERVICE_STOP_S = 20.0
 # a peer that left); Python would wait for it at exit for as long as it takes.
 EXIT_THREADS_S = 5.0
 _WORKER_PREFIX = "service-worker"
+# Waits between tries to connect again after the connection was closed.
+RECONNECT_BACKOFF_S = (0.5, 1.0, 2.0, 5.0, 10.0)
+
+ServiceFactory = Callable[[], Service]
+
+
+def reconnect_delay(attempt: int) -> float:
+    """Seconds to wait before the ``attempt``-th try (1-based) to connect again."""
+    return RECONNECT_BACKOFF_S[min(attempt, len(RECONNECT_BACKOFF_S)) - 1]
 
 
 def health_subject(service: str, node: str | None = None) -> str:
@@ -56,10 +72,12 @@ def instance_token() -> str:
     return re.sub(r"[^A-Za-z0-9_-]", "_", socket.gethostname()) or "host"
 
 
-def serve(service: Service, settings: Settings, *, node: str | None = None) -> int:
+def serve(service: Service | ServiceFactory, settings: Settings, *,
+          node: str | None = None) -> int:
     """A service process's whole life: run until SIGTERM, stop in bounded
     steps, exit. Threads still working ``EXIT_THREADS_S`` after the stop are
-    named in the log and left behind rather than waited for."""
+    named in the log and left behind rather than waited for. Given a factory,
+    a lost connection is survived with a fresh service instance."""
     workers = ThreadPoolExecutor(thread_name_prefix=_WORKER_PREFIX)
     with asyncio.Runner() as runner:
         runner.get_loop().set_default_executor(workers)
@@ -84,34 +102,109 @@ def _busy_workers(deadline: float) -> list[str]:
         time.sleep(0.05)
 
 
-async def run_service(service: Service, settings: Settings, *, node: str | None = None) -> int:
-    log = configure(service.name, settings.log_level, node=node)
+class _Life:
+    """What one process's health reports across reconnections."""
+
+    def __init__(self) -> None:
+        self.started = time.monotonic()
+        self.reconnects = 0
+        self.last_loss = ""
+
+
+async def run_service(service: Service | ServiceFactory, settings: Settings, *,
+                      node: str | None = None) -> int:
+    """Run until SIGTERM. ``service`` may be an instance (one connection:
+    a lost connection ends the process with exit 3, for its supervisor to
+    restart) or a factory (a lost connection gets a fresh instance on a new
+    connection, in this process)."""
+    make: ServiceFactory | None = None if hasattr(service, "start") else service  # type: ignore[assignment]
+    current: Service = make() if make is not None else service  # type: ignore[assignment]
+    log = configure(current.name, settings.log_level, node=node)
     # `kill -USR1 PID` prints every thread's stack to stderr: what a process
     # that will not stop is waiting on.
     faulthandler.register(signal.SIGUSR1, all_threads=True)
     stop = asyncio.Event()
+    lost = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    life = _Life()
 
+    def _lost(reason: str) -> None:
+        life.last_loss = reason
+        loop.call_soon_threadsafe(lost.set)
+
+    forget = on_connection_lost(_lost)
     try:
-        bus = await Bus.connect(
-            settings.nats_url, service.name, token=settings.nats_token, **settings.nats_auth)
-    except ConnectionError as exc:
-        log.error("cannot start", error=str(exc))
-        return 2
-    started = time.monotonic()
+        first = True
+        while True:
+            bus = await _connect(current.name, settings, log, stop, first=first)
+            if bus is None:
+                return 2 if first else 0
+            lost.clear()
+            code = await _run_once(current, bus, settings, node, life, log)
+            if code is not None:
+                return code
+            first = False
+            ended = await _wait_first(stop, lost)
+            if ended is stop:
+                await _teardown(current, bus, log)
+                log.info("stopped")
+                return 0
+            log.error("connection lost; stopping the service to start it afresh",
+                      reason=life.last_loss)
+            await _teardown(current, bus, log)
+            if make is None:
+                log.error("no way to build the service afresh here; exiting for the "
+                          "supervisor to restart it")
+                return 3
+            life.reconnects += 1
+            current = make()
+    finally:
+        forget()
+
+
+async def _connect(name: str, settings: Settings, log: Any, stop: asyncio.Event, *,
+                   first: bool) -> Bus | None:
+    """The first connection must succeed (a wrong URL fails loudly); later
+    ones are tried with backoff until they do or the process is told to stop."""
+    attempt = 0
+    while True:
+        try:
+            return await Bus.connect(
+                settings.nats_url, name, token=settings.nats_token, **settings.nats_auth)
+        except ConnectionError as exc:
+            if first:
+                log.error("cannot start", error=str(exc))
+                return None
+            attempt += 1
+            delay = reconnect_delay(attempt)
+            log.warning("cannot connect again yet", error=str(exc), attempt=attempt,
+                        retry_in_s=delay)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), delay)
+            if stop.is_set():
+                return None
+
+
+async def _run_once(service: Service, bus: Bus, settings: Settings, node: str | None,
+                    life: _Life, log: Any) -> int | None:
+    """Topology, health and the service's start on ``bus``; an exit code if it failed."""
     await bus.ensure_topology(settings.nats_replicas)
 
     async def _health(_: dict[str, Any]) -> dict[str, Any]:
         return {
-            "ok": True,
+            "ok": bus.link.state == "connected",
             "service": service.name,
             "node": node,
-            "uptime_s": round(time.monotonic() - started, 3),
+            "uptime_s": round(time.monotonic() - life.started, 3),
+            "connection": bus.link.state,
+            "reconnects": life.reconnects,
+            "disconnects": bus.link.disconnects,
             "delivered": bus.stats.delivered,
             "handled": bus.stats.handled,
             "dead_lettered": bus.stats.dead_lettered,
+            "unknown_fields": dict(bus.stats.unknown_fields),
             **service.health(),
         }
 
@@ -126,8 +219,19 @@ async def run_service(service: Service, settings: Settings, *, node: str | None 
         log.exception("start failed", error=str(exc))
         await bus.close()
         return 1
-    log.info("started")
-    await stop.wait()
+    log.info("started", reconnects=life.reconnects)
+    return None
+
+
+async def _wait_first(*events: asyncio.Event) -> asyncio.Event:
+    waits = {asyncio.ensure_future(e.wait()): e for e in events}
+    done, pending = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+    for task in pending:
+        task.cancel()
+    return waits[next(iter(done))]
+
+
+async def _teardown(service: Service, bus: Bus, log: Any) -> None:
     log.info("stopping")
     steps = (("stop consuming", bus.stop_consuming, STOP_STEP_S),  # no handler runs now
              ("stop service", service.stop, SERVICE_STOP_S),
@@ -137,5 +241,5 @@ async def run_service(service: Service, settings: Settings, *, node: str | None 
             await asyncio.wait_for(action(), limit_s)
         except TimeoutError:
             log.error("stop step overran; going on", step=step, limit_s=limit_s)
-    log.info("stopped")
-    return 0
+        except Exception as exc:  # a closed connection: the next step still runs
+            log.warning("stop step failed; going on", step=step, error=repr(exc))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import shutil
 import signal
 import subprocess
@@ -24,6 +25,18 @@ def run_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 60,
     cmd = [exe] if exe else [sys.executable, "-m", "cli.main"]
     return subprocess.run([*cmd, *args], env=env, cwd=cwd, capture_output=True, text=True,
                           timeout=timeout)
+
+
+def start_service(verb: str, args: list[str], nats_url: str, tmp_path: Path,
+                  **env: str) -> subprocess.Popen[bytes]:
+    """``primus-safe <verb>`` as a process of its own against ``nats_url``,
+    its output in ``tmp_path/<verb>.log``."""
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith("PRIMUS_")}
+    full_env.update(PRIMUS_NATS_URL=nats_url, PRIMUS_STATE_DIR=str(tmp_path / "state"),
+                    PRIMUS_CLICKHOUSE_DSN=f"chdb://{tmp_path / 'chdb'}", **env)
+    log = (tmp_path / f"{verb}.log").open("wb")
+    return subprocess.Popen([sys.executable, "-m", "cli.main", verb, *args], env=full_env,
+                            cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
 
 
 def stop_process(proc: subprocess.Popen[bytes], log: Path | None = None,

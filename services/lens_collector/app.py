@@ -29,7 +29,14 @@ from nats.aio.msg import Msg
 from pydantic import ValidationError
 
 from libs.bus import CONTROL, TELEMETRY, Bus
-from libs.events import SUBJECT_ROOT, Event, JobCompleted, JobFailed, parse_event
+from libs.events import (
+    SUBJECT_ROOT,
+    Event,
+    JobCompleted,
+    JobFailed,
+    UnsupportedVersion,
+    parse_event,
+)
 from libs.leader import LeaderElection
 from libs.logs import get_logger
 from libs.settings import Settings
@@ -37,7 +44,14 @@ from libs.specs import load_model
 from libs.store import migrate, open_store
 from services.lens_collector.alerting import AlertLoop
 from services.lens_collector.alerts import AlertConfig, AlertEngine
-from services.lens_collector.ingest import Item, Route, event_id_of, route_of, store
+from services.lens_collector.ingest import (
+    Item,
+    Route,
+    envelope_refusal,
+    event_id_of,
+    route_of,
+    store,
+)
 from services.lens_collector.queries import QueryError, resolve
 from services.lens_collector.rows import COLUMNS, EVENT_ID_COLUMN, rows_for
 from services.lens_collector.schema import MIGRATIONS
@@ -123,22 +137,35 @@ class LensCollector:
     async def _write_telemetry(self, msgs: list[Msg]) -> list[tuple[Msg, str]]:
         groups: dict[Route, list[Item]] = {}
         others: list[Msg] = []
+        early: list[tuple[Msg, str]] = []
         for msg in msgs:
             route = route_of(msg.subject)
             if route is None:
                 others.append(msg)
                 continue
+            reason = envelope_refusal(route, msg.data)
+            if reason is not None:
+                early.append((msg, reason))
+                continue
             headers = msg.headers
             event_id = (headers.get("Nats-Msg-Id") if headers else None) or event_id_of(msg.data)
             groups.setdefault(route, []).append(Item(
                 msg.data, event_id, msg.subject[len(route.prefix):], _delivered(msg), msg))
-        refused: list[tuple[Msg, str]] = await self._store(self._ingest, groups)
+        refused: list[tuple[Msg, str]] = early + await self._store(self._ingest, groups)
         events: list[tuple[Event, int]] = []
         for msg in others:  # not telemetry after all: validate, keep as an event
             try:
-                events.append((parse_event(msg.data), msg.metadata.sequence.stream))
-            except (ValidationError, ValueError) as exc:
+                event = parse_event(msg.data)
+            except UnsupportedVersion as exc:
+                refused.append((msg, str(exc)))
+                continue
+            except (ValidationError, ValueError, RecursionError) as exc:
                 refused.append((msg, f"invalid event: {str(exc)[:500]}"))
+                continue
+            if event.subject != msg.subject:
+                refused.append((msg, f"a {event.type} event does not belong on {msg.subject}"))
+                continue
+            events.append((event, msg.metadata.sequence.stream))
         if events:
             await self._store(self._insert_rows, rows_for(events))
         self.refused += len(refused)

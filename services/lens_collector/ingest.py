@@ -10,6 +10,11 @@ The engine parses in C++ and checks types, keys and required fields with
 CHECK constraints; one insert is one block, so a refused payload stores
 nothing.
 
+Before that, each message's envelope is read with two anchored regular
+expressions (not a JSON decode): a message of another event type than its
+subject's, or of a newer version than this collector reads, is refused at
+once, since the engine would store it under the wrong meaning.
+
 When a payload is refused, its messages are validated one by one with the
 pydantic contract: the invalid ones come back with pydantic's reason (the
 caller dead-letters them) and the rest are inserted again. Messages
@@ -38,6 +43,7 @@ from libs.events import (
     NodeTelemetry,
     encode_event,
     event_type_name,
+    max_version,
     parse_event,
 )
 
@@ -86,6 +92,29 @@ class Item:
     key: str = ""  # node or job, from the subject
     delivered: int = 1
     ref: Any = None  # the caller's handle, handed back when refused
+
+
+# The envelope's first fields as encode_event writes them (id, type, ... version).
+_TYPE = re.compile(rb'^\s*\{\s*"id"\s*:\s*"[^"]{0,128}"\s*,\s*"type"\s*:\s*"([^"]{1,64})"')
+_VERSION = re.compile(rb'"version"\s*:\s*(-?\d{1,9})\s*,\s*"data"\s*:')
+MAX_ENVELOPE_SCAN = 4096  # the version sits before "data": near the start
+
+
+def envelope_refusal(route: Route, data: bytes) -> str | None:
+    """Why ``data`` must not be stored through ``route`` (its type is
+    another one, or its version newer than this code reads), else None.
+    Messages in another layout than encode_event's pass here and are
+    checked by the contract if the engine refuses them. Pure."""
+    head = data[:MAX_ENVELOPE_SCAN]
+    kind = _TYPE.match(head)
+    if kind is not None and kind.group(1).decode(errors="replace") != route.event_type:
+        return (f"a {kind.group(1).decode(errors='replace')} event does not belong on a "
+                f"{route.event_type} subject")
+    version = _VERSION.search(head)
+    newest = max_version(route.event_type)
+    if version is not None and newest is not None and int(version.group(1)) > newest:
+        return f"{route.event_type} version {int(version.group(1))} not supported (max {newest})"
+    return None
 
 
 def route_of(subject: str) -> Route | None:
@@ -148,7 +177,7 @@ def event_id_of(data: bytes) -> str:
 
 
 def _raise_unless_data_error(exc: ClickHouseError) -> None:
-    codes = {int(c) for c in _CODE.findall(str(exc))}
+    codes = {int(c) for c in _CODE.findall(_error_text(exc))}
     if not codes & DATA_ERRORS:
         raise exc
 
@@ -194,6 +223,16 @@ _TIME = re.compile(rb'"time"\s*:\s*"([^"]{10,40})"')
 def _time_of(data: bytes) -> str | None:
     match = _TIME.search(data)
     return match.group(1).decode() if match else None
+
+
+def _error_text(exc: ClickHouseError) -> str:
+    """The engine's message. One that quotes bytes of the payload that are
+    not UTF-8 cannot be decoded by the driver, which then raises the
+    UnicodeDecodeError instead: its ``object`` still holds the message."""
+    cause = exc.__cause__ or exc.__context__
+    if isinstance(cause, UnicodeDecodeError):
+        return bytes(cause.object).decode(errors="replace")
+    return str(exc)
 
 
 def _short(exc: BaseException) -> str:

@@ -17,20 +17,13 @@ import pytest
 from libs.bus import DEADLETTER, REASON_HEADER, Bus, dlq_subject
 from libs.events import JobSpec, JobSubmitted, JobSubmittedData
 from libs.service import instance_token
-from tests.helpers import ROOT, wait_healthy
+from tests.helpers import ROOT, start_service, wait_healthy
 
 SERVICES = [("bootstrap", []), ("scheduler", []), ("failover", []), ("bench-coordinator", []),
             ("lens-collector", []), ("bench-agent", ["--node", "node-1"])]
 
 
-def start(verb: str, args: list[str], nats_url: str, tmp_path: Path,
-          **env: str) -> subprocess.Popen[bytes]:
-    full_env = {k: v for k, v in os.environ.items() if not k.startswith("PRIMUS_")}
-    full_env.update(PRIMUS_NATS_URL=nats_url, PRIMUS_STATE_DIR=str(tmp_path / "state"),
-                    PRIMUS_CLICKHOUSE_DSN=f"chdb://{tmp_path / 'chdb'}", **env)
-    log = (tmp_path / f"{verb}.log").open("wb")
-    return subprocess.Popen([sys.executable, "-m", "cli.main", verb, *args], env=full_env,
-                            cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+start = start_service
 
 
 @pytest.mark.parametrize(("verb", "args"), SERVICES, ids=[s for s, _ in SERVICES])

@@ -1,0 +1,94 @@
+"""A connection the server closes for good does not leave a deaf service.
+
+nats-py reconnects after network trouble, but after a protocol error from
+the server (here the one an oversized message causes, as a malformed 1 MiB
+message once did) it closes the connection for good. The service shell then
+stops the service, connects again and starts a fresh instance; health says
+how often. Real nats-server, the real failover service, in this process."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+
+import nats.errors
+import pytest
+
+from libs.bus import Bus
+from libs.events import HeartbeatData, NodeHeartbeat
+from libs.service import run_service
+from libs.settings import Settings
+from services.failover.app import Failover
+from tests.helpers import wait_healthy
+
+pytestmark = pytest.mark.timeout(120)
+
+
+async def _violate_payload_limit(victim: Bus) -> None:
+    """Send what the server answers with -ERR and a closed connection: a
+    message over its limit (the client's own check is lifted to get it out)."""
+    limit = victim.max_payload
+    victim.nc._max_payload = 64 * limit  # type: ignore[attr-defined]
+    try:
+        await victim.nc.publish("safe.hostile", b"x" * (limit + 1024))
+        await victim.nc.flush(timeout=2)
+    except (nats.errors.Error, TimeoutError):
+        pass
+
+
+async def _until(check, timeout: float = 30.0):  # type: ignore[no-untyped-def]
+    for _ in range(int(timeout / 0.2)):
+        value = await check()
+        if value:
+            return value
+        await asyncio.sleep(0.2)
+    raise AssertionError("condition not met in time")
+
+
+async def test_a_closed_connection_is_replaced_and_the_service_serves_again(
+        nats_url: str, bus: Bus) -> None:
+    made: list[Failover] = []
+
+    def make() -> Failover:
+        made.append(Failover(Settings(nats_url=nats_url)))
+        return made[-1]
+
+    task = asyncio.create_task(run_service(make, Settings(nats_url=nats_url)))
+    try:
+        first = await wait_healthy(bus, "failover", timeout=30)
+        assert first["connection"] == "connected" and first["reconnects"] == 0
+        assert made[0].bus is not None
+        await _violate_payload_limit(made[0].bus)
+
+        async def reconnected() -> dict | None:  # type: ignore[type-arg]
+            try:
+                reply = await wait_healthy(bus, "failover", timeout=2)
+            except Exception:
+                return None
+            return reply if reply["reconnects"] == 1 else None
+
+        reply = await _until(reconnected)
+        assert reply["connection"] == "connected" and len(made) == 2
+        assert made[0].bus.nc.is_closed and made[1].bus is not made[0].bus  # type: ignore[union-attr]
+
+        # The fresh instance consumes again: a node's beats reach it.
+        await bus.publish(NodeHeartbeat(source="test", node="node-1",
+                                        data=HeartbeatData(seq=1, pid=1, interval_s=1)))
+
+        async def watching() -> bool:
+            return (await wait_healthy(bus, "failover"))["watched_nodes"] == 1
+        await _until(watching)
+    finally:
+        os.kill(os.getpid(), signal.SIGTERM)  # the shell's own handler: a clean stop
+        assert await asyncio.wait_for(task, 40) == 0
+
+
+async def test_a_service_without_a_factory_exits_for_its_supervisor(
+        nats_url: str, bus: Bus) -> None:
+    service = Failover(Settings(nats_url=nats_url))
+    task = asyncio.create_task(run_service(service, Settings(nats_url=nats_url)))
+    await wait_healthy(bus, "failover", timeout=30)
+    assert service.bus is not None
+    await _violate_payload_limit(service.bus)
+    assert await asyncio.wait_for(task, 40) == 3
