@@ -489,15 +489,10 @@ class Bus:
 
     def _refusal(self, msg: Msg) -> Event | str:
         """The event in ``msg``, or why this consumer refuses it."""
-        try:
-            event, unknown = read_event(msg.data)
-        except UnsupportedVersion as exc:
-            return str(exc)
-        except (ValidationError, ValueError, RecursionError) as exc:
-            return f"invalid event: {_short(exc)}"
-        if event.subject != msg.subject:
-            return (f"a {event.type} event does not belong on {msg.subject[:MAX_ORIGIN_CHARS]} "
-                    f"(its subject is {event.subject})")
+        read = event_or_reason(msg.subject, msg.data)
+        if isinstance(read, str):
+            return read
+        event, unknown = read
         for path in unknown:
             self.stats.unknown_fields[path] = self.stats.unknown_fields.get(path, 0) + 1
         return event
@@ -650,6 +645,23 @@ class Bus:
         await self.stop_consuming()
         with contextlib.suppress(Exception):
             await self.nc.drain()
+
+
+def event_or_reason(subject: str, data: bytes) -> tuple[Event, tuple[str, ...]] | str:
+    """What a consumer makes of a message on ``subject``: the event and the
+    paths of fields its version does not define, or the reason it is
+    refused (one line: not an event, a newer version, or not this subject's
+    event). Pure."""
+    try:
+        event, unknown = read_event(data)
+    except UnsupportedVersion as exc:
+        return str(exc)
+    except (ValidationError, ValueError, RecursionError) as exc:
+        return f"invalid event: {_short(exc)}"
+    if event.subject != subject:
+        return (f"a {event.type} event does not belong on {subject[:MAX_ORIGIN_CHARS]} "
+                f"(its subject is {event.subject})")
+    return event, unknown
 
 
 async def _give_back(msgs: list[Msg]) -> None:

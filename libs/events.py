@@ -756,6 +756,10 @@ class UnsupportedVersion(ValueError):
     may mean something else, so it is refused rather than guessed at."""
 
 
+class UnknownEventType(ValueError):
+    """The ``type`` field is missing or names no event of this contract."""
+
+
 def max_version(event_type: str) -> int | None:
     """The newest version of ``event_type`` this code reads (None: unknown type)."""
     cls = _BY_TYPE.get(event_type)
@@ -768,10 +772,11 @@ def parse_event(payload: bytes | str) -> Event:
     Fields a known version does not have are refused (see ``read_event``)."""
     try:
         event = _ADAPTER.validate_json(payload)
-    except ValidationError:
+    except ValidationError as exc:
         doc = _json_object(payload)
         if doc is not None:  # a newer version is refused as such, whatever its shape
             _check_version(doc.get("type"), doc.get("version", 1))
+            _check_type(doc, exc)
         raise
     _check_version(event.type, event.version)
     return event
@@ -792,6 +797,7 @@ def read_event(payload: bytes | str) -> tuple[Event, tuple[str, ...]]:
         if doc is None:
             raise
         _check_version(doc.get("type"), doc.get("version", 1))
+        _check_type(doc, exc)
         errors = exc.errors()
         if any(e["type"] != "extra_forbidden" for e in errors):
             raise
@@ -808,6 +814,17 @@ def _check_version(event_type: Any, version: Any) -> None:
     if newest is not None and isinstance(version, int) and version > newest:
         raise UnsupportedVersion(
             f"{event_type} version {version} not supported (max {newest})")
+
+
+def _check_type(doc: dict[str, Any], exc: ValidationError) -> None:
+    """Say which field is wrong when it is ``type`` itself (pydantic's own
+    message then names no field and lists every known type)."""
+    if any(e["type"] in ("union_tag_invalid", "union_tag_not_found") for e in exc.errors()):
+        kind = doc.get("type")
+        if kind is None:
+            raise UnknownEventType("field 'type' is missing: every event names its type")
+        raise UnknownEventType(
+            f"field 'type': {str(kind)[:64]!r} is not an event type of this contract")
 
 
 def _json_object(payload: bytes | str) -> dict[str, Any] | None:

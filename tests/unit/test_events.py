@@ -22,9 +22,12 @@ from libs.events import (
     NodeHeartbeat,
     NodeTelemetry,
     NodeTelemetryData,
+    UnknownEventType,
+    UnsupportedVersion,
     encode_event,
     event_type_name,
     parse_event,
+    read_event,
 )
 
 SPEC = JobSpec(name="j", workers=2, command=["python", "x.py"])
@@ -62,8 +65,10 @@ def test_keys_that_would_break_subjects_are_refused(bad: str) -> None:
 
 
 def test_unknown_type_and_missing_fields_fail_validation() -> None:
-    with pytest.raises(ValidationError):
+    with pytest.raises(UnknownEventType, match="field 'type': 'node.exploded' is not an event"):
         parse_event(json.dumps({"type": "node.exploded", "source": "x", "data": {}}))
+    with pytest.raises(UnknownEventType, match="field 'type' is missing"):
+        parse_event(json.dumps({"source": "x", "data": {}}))
     with pytest.raises(ValidationError):
         parse_event(json.dumps({"type": "node.heartbeat", "source": "x", "node": "n",
                                 "data": {"seq": 1}}))
@@ -128,3 +133,18 @@ def test_bad_gpu_columns_are_refused_with_a_reason(columns: dict[str, list[float
     both = {**wire, "data": {**wire["data"], "gpus": [{"index": 0}]}}
     with pytest.raises(ValidationError, match="not both"):
         parse_event(json.dumps(both))
+
+
+def test_a_newer_version_is_refused_whatever_its_shape_and_unknown_fields_are_named() -> None:
+    beat = NodeHeartbeat(source="a", node="n-1", data=HeartbeatData(seq=1, pid=1, interval_s=1))
+    doc = json.loads(beat.model_dump_json())
+    for body in ({**doc, "version": 2}, {**doc, "version": 7, "data": {"other": "shape"}}):
+        with pytest.raises(UnsupportedVersion,
+                           match=r"node.heartbeat version \d not supported \(max 1\)"):
+            read_event(json.dumps(body))
+    doc["data"]["battery"] = 0.5
+    doc["region"] = "eu"
+    event, unknown = read_event(json.dumps(doc))
+    assert event == beat and unknown == ("data.battery", "region")
+    with pytest.raises(ValidationError, match="Extra inputs"):  # producers stay strict
+        parse_event(json.dumps(doc))
