@@ -588,7 +588,12 @@ class Bus:
             except Exception as exc:
                 reply = {"ok": False, "error": _short(exc)}
             if msg.reply:
-                await msg.respond(json.dumps(reply, default=str).encode())
+                body = json.dumps(reply, default=str).encode()
+                if len(body) > self.max_payload - PAYLOAD_MARGIN:  # answer, not silence
+                    body = json.dumps({"ok": False, "error": (
+                        f"the reply is {len(body)} bytes, over the bus's limit of "
+                        f"{self.max_payload}: ask for less (a narrower range, a limit)")}).encode()
+                await msg.respond(body)
 
         sub = await self.nc.subscribe(subject, queue=queue, cb=_on)
         try:

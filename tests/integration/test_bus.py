@@ -6,8 +6,22 @@ import asyncio
 
 import pytest
 
-from libs.bus import CONTROL, DEADLETTER, ORIGIN_HEADER, REASON_HEADER, Bus, dlq_subject
-from libs.events import Event, HeartbeatData, NodeHeartbeat
+from libs.bus import (
+    CONTROL,
+    DEADLETTER,
+    ORIGIN_HEADER,
+    REASON_HEADER,
+    Bus,
+    MessageTooLarge,
+    dlq_subject,
+)
+from libs.events import (
+    Event,
+    HeartbeatData,
+    LogRecord,
+    LogRecordData,
+    NodeHeartbeat,
+)
 
 
 def beat(node: str = "n1", seq: int = 1, **kw: object) -> NodeHeartbeat:
@@ -138,6 +152,24 @@ async def test_request_reply_and_bad_request(bus: Bus) -> None:
     assert await bus.request("safe.test.echo", {"x": 3}) == {"ok": True, "you_said": 3}
     reply = await bus.request("safe.test.echo", {})
     assert reply["ok"] is False and "x" in reply["error"]
+
+
+async def test_nothing_the_bus_sends_can_exceed_the_servers_limit(bus: Bus) -> None:
+    """An oversized message makes the server close the connection for good:
+    the bus refuses to send one, and answers a request whose reply would be
+    too large with an error instead of silence."""
+    line = LogRecord(source="test", data=LogRecordData(level="info",
+                                                       message="x" * bus.max_payload))
+    with pytest.raises(MessageTooLarge, match="takes at most"):
+        await bus.publish(line)
+
+    async def huge(_: dict) -> dict:  # type: ignore[type-arg]
+        return {"ok": True, "rows": ["y" * bus.max_payload]}
+
+    await bus.serve("safe.query.huge", huge)
+    reply = await bus.request("safe.query.huge")
+    assert reply["ok"] is False and "over the bus's limit" in reply["error"]
+    assert bus.nc.is_connected and await bus.publish(beat())  # still connected and serving
 
 
 async def test_close_drains_pending_publishes(nats_url: str) -> None:
