@@ -147,6 +147,9 @@ class ConsumerStats:
     dead_letter_reasons: list[str] = field(default_factory=list)
     # Fields a known version does not define (a newer producer), by path: read without them.
     unknown_fields: dict[str, int] = field(default_factory=dict)
+    # Events whose stamp is further than the clock skew from when the server
+    # stored them, by source: their senders' clocks are wrong.
+    skewed: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -177,6 +180,7 @@ class Bus:
                  token: str | None = None, link: Link | None = None) -> None:
         self.nc = nc
         self.link = link or Link(state="connected")
+        self.clock_skew_s = 30.0  # see Settings.clock_skew_s
         self.url, self.token = url, token  # for a hot consumer's own connection
         self.js = nc.jetstream()
         self.service = service
@@ -479,6 +483,7 @@ class Bus:
                 await msg.ack()
             else:
                 good.append((msg, reason))
+                self._check_stamp(msg, reason)
         if batch_handler is not None:
             batch = [(e, m.metadata.sequence.stream) for m, e in good]
             await self._run(batch_handler, batch, [m for m, _ in good], max_deliver)
@@ -496,6 +501,26 @@ class Bus:
         for path in unknown:
             self.stats.unknown_fields[path] = self.stats.unknown_fields.get(path, 0) + 1
         return event
+
+    def _check_stamp(self, msg: Msg, event: Event) -> None:
+        """Flag an event stamped far from when the server stored it: the
+        server's clock, not the sender's and not ours (replayed after a
+        restart, every event is old here and that is no fault of its sender).
+        Consumers must not order or time anything by such a stamp."""
+        if not msg.reply:
+            return
+        stored = msg.metadata.timestamp.timestamp()
+        off_s = event.time.timestamp() - stored
+        if abs(off_s) <= self.clock_skew_s:
+            return
+        key = event.source[:64]
+        if key not in self.stats.skewed and len(self.stats.skewed) >= 100:
+            key = "(other sources)"
+        count = self.stats.skewed[key] = self.stats.skewed.get(key, 0) + 1
+        if count & (count - 1) == 0:  # the 1st, 2nd, 4th, 8th ...: a clock stays wrong
+            self._log.warning("event stamped beyond the clock skew", source=event.source,
+                              type=event.type, off_s=round(off_s, 3), limit_s=self.clock_skew_s,
+                              seen=count)
 
     async def _run(
         self, fn: Callable[[Any], Awaitable[None]], arg: Any, msgs: list[Msg], max_deliver: int

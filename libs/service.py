@@ -191,6 +191,7 @@ async def _run_once(service: Service, bus: Bus, settings: Settings, node: str | 
                     life: _Life, log: Any) -> int | None:
     """Topology, health and the service's start on ``bus``; an exit code if it failed."""
     await bus.ensure_topology(settings.nats_replicas)
+    bus.clock_skew_s = settings.clock_skew_s
 
     async def _health(_: dict[str, Any]) -> dict[str, Any]:
         return {
@@ -205,6 +206,7 @@ async def _run_once(service: Service, bus: Bus, settings: Settings, node: str | 
             "handled": bus.stats.handled,
             "dead_lettered": bus.stats.dead_lettered,
             "unknown_fields": dict(bus.stats.unknown_fields),
+            "skewed_stamps": dict(bus.stats.skewed),
             **service.health(),
         }
 

@@ -45,6 +45,9 @@ class Settings(BaseSettings):
     node_name: str | None = Field(default=None, description="the node a bench agent runs on")
     heartbeat_interval_s: float = Field(default=1.0, gt=0)
     heartbeat_missed: int = Field(default=3, ge=1, description="missed beats that open a fault")
+    clock_skew_s: float = Field(
+        default=30.0, gt=0, description="an event stamped further than this from when it was "
+        "received is flagged, and its stamp is not used to order or time anything")
     telemetry_interval_s: float = Field(default=1.0, gt=0)
     k8s_namespace: str = "default"
     k8s_image: str | None = Field(default=None, description="training image (kubernetes driver)")

@@ -4,7 +4,13 @@ worker exits, Lens alerts, node states) and acts on its decisions: publish
 ``fault.opened`` (bootstrap then quarantines the node and the scheduler moves
 its jobs), ``job.recover`` for faults of a job, ``fault.mitigated`` /
 ``fault.recovered`` / ``fault.closed`` with the recovery's timings; every
-fault record is kept in the ``faults`` KV bucket."""
+fault record is kept in the ``faults`` KV bucket.
+
+Liveness is judged on this process's clock: a beat counts when it is
+received, and after a (re)start no node is judged before it has had a full
+deadline to beat again (the durable consumer replays old beats first). The
+nodes judged are those bootstrap registered (its ``nodes`` bucket and
+``node.registered`` events); beats from other names open nothing."""
 
 from __future__ import annotations
 
@@ -49,6 +55,13 @@ from services.failover.rules import HeartbeatMonitor
 SOURCE = "failover"
 
 
+async def read_keys(kv: KeyValue) -> list[str]:
+    try:
+        return list(await kv.keys())
+    except NoKeysError:
+        return []
+
+
 def load_rules(path: Path | None) -> FailoverRules:
     return FailoverRules() if path is None else load_model(path, FailoverRules)
 
@@ -69,6 +82,12 @@ class Failover:
 
     async def start(self, bus: Bus) -> None:
         self.bus = bus
+        # Silence before this moment says nothing: every node gets a full
+        # deadline from now, whatever the replayed beats were stamped with.
+        started = time.time()
+        self.monitor.blind(started)
+        for node in await read_keys(await bus.kv("nodes")):
+            self.monitor.watch(node, started)
         self.kv = await bus.kv("faults")
         try:
             for key in await self.kv.keys():
@@ -94,11 +113,11 @@ class Failover:
         now = time.time()
         decisions: list[Decision] = []
         if isinstance(event, NodeHeartbeat):
-            if self.monitor.beat(event.node, event.time.timestamp()):
+            if self.monitor.beat(event.node, now):
                 decisions = self.book.observe("heartbeat_missed", event.node, bad=False, now=now)
         elif isinstance(event, NodeRegistered):
-            # Time a new node from now, not from an old registration replayed.
-            self.monitor.watch(event.node, max(event.time.timestamp(), now))
+            # Timed from when failover heard of it, whatever it was stamped.
+            self.monitor.watch(event.node, now)
         elif isinstance(event, NodeStateChanged):
             decisions = self.book.node_state(event.node, event.data.state, now)
         elif isinstance(event, JobPlaced):
@@ -107,6 +126,7 @@ class Failover:
             self.book.job_placed(event.job, event.data.attempt, now)
         elif isinstance(event, JobCompleted | JobFailed):
             self.placements.pop(event.job, None)
+            decisions = self.book.job_ended(event.job, now)
         elif isinstance(event, BenchResult):
             decisions = self.book.observe("bench_failed", event.node, bad=not event.data.passed,
                                           now=now, reason=event.data.reason,
@@ -125,7 +145,8 @@ class Failover:
                     f"alert:{event.data.rule}", key, bad=event.data.state == "open", now=now,
                     reason=event.data.message or event.data.rule,
                     jobs=[event.job] if event.job else self._jobs_on(key),
-                    last_good=event.data.opened_at.timestamp())
+                    # A sender's clock ahead of ours must not date detection in the future.
+                    last_good=min(event.data.opened_at.timestamp(), now))
         await self._act(decisions)
 
     async def _on_steps(self, batch: list[tuple[Event, int]]) -> None:
@@ -218,5 +239,8 @@ class Failover:
 
     def health(self) -> dict[str, Any]:
         open_faults = [f.fault_id for f in self.book.faults.values() if f.status != "closed"]
+        unknown = self.monitor.unknown_beats
         return {"watched_nodes": len(self.monitor.last_seen), "down": sorted(self.monitor.down),
-                "faults_open": open_faults, "decisions_unsent": len(self._unsent)}
+                "faults_open": open_faults, "decisions_unsent": len(self._unsent),
+                "unknown_beats": sum(unknown.values()),
+                "unknown_nodes": sorted(unknown)[:20]}

@@ -159,6 +159,17 @@ class FaultBook:
                     and now >= fault.opened_at:
                 fault.replaced_at[job], fault.replaced_attempt[job] = now, attempt
 
+    def job_ended(self, job: str, now: float) -> list[Decision]:
+        """``job`` completed or failed for good: nothing is left to recover,
+        so every fault about the job itself closes (node faults that list it
+        close when their node passes bench again)."""
+        out = []
+        for fault in self.faults.values():
+            if fault.scope == "job" and fault.key == job and fault.status != "closed":
+                fault.status, fault.closed_at = "closed", now
+                out.append(Decision("close", fault))
+        return out
+
     def job_stepped(self, job: str, attempt: int, now: float) -> list[Decision]:
         """A training step of ``job``; the first one of its new attempt ends
         the recovery of every fault that moved it."""

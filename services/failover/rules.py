@@ -6,6 +6,13 @@ A node that has never beaten is timed from its registration, so an agent that
 never starts is caught too. Each outage yields one fault until the node beats
 again. While the monitor itself cannot hear (its bus is down) silence is no
 evidence: ``blind`` restarts every node's clock at the moment it hears again.
+
+Time is the receiver's: a beat counts when it is received, whatever its
+sender stamped on it (a clock in 2099 must not keep a node alive for good,
+nor an old stamp replayed after a restart kill it). A monitor that starts
+is blind until then: every node gets a full deadline to beat again. Only
+nodes the monitor was told about (registered with bootstrap) are judged: a
+beat from any other name is counted and otherwise ignored.
 """
 
 from __future__ import annotations
@@ -27,6 +34,7 @@ class HeartbeatMonitor:
     last_seen: dict[str, float] = field(default_factory=dict)
     down: set[str] = field(default_factory=set)
     deaf_until: float = float("-inf")  # the monitor could hear nothing until then
+    unknown_beats: dict[str, int] = field(default_factory=dict)  # never registered: ignored
 
     @property
     def deadline_s(self) -> float:
@@ -37,8 +45,12 @@ class HeartbeatMonitor:
         self.last_seen.setdefault(node, now)
 
     def beat(self, node: str, at: float) -> bool:
-        """Record a beat; True when a node that was down came back."""
-        if at >= self.last_seen.get(node, float("-inf")):
+        """Record a beat received at ``at``; True when a node that was down
+        came back. A node never watched is not judged: its beat is counted."""
+        if node not in self.last_seen:
+            self.unknown_beats[node] = self.unknown_beats.get(node, 0) + 1
+            return False
+        if at >= self.last_seen[node]:
             self.last_seen[node] = at
         if node in self.down:
             self.down.discard(node)

@@ -20,7 +20,7 @@ from libs.events import HeartbeatData, NodeHeartbeat
 from libs.service import run_service
 from libs.settings import Settings
 from services.failover.app import Failover
-from tests.helpers import wait_healthy
+from tests.helpers import ready_nodes, wait_healthy
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -72,7 +72,8 @@ async def test_a_closed_connection_is_replaced_and_the_service_serves_again(
         assert reply["connection"] == "connected" and len(made) == 2
         assert made[0].bus.nc.is_closed and made[1].bus is not made[0].bus  # type: ignore[union-attr]
 
-        # The fresh instance consumes again: a node's beats reach it.
+        # The fresh instance consumes again: a registered node's beats reach it.
+        await ready_nodes(bus, {"node-1": (8, "r1")})
         await bus.publish(NodeHeartbeat(source="test", node="node-1",
                                         data=HeartbeatData(seq=1, pid=1, interval_s=1)))
 

@@ -63,3 +63,46 @@ def test_exit_codes_are_classified() -> None:
     assert classify_exit(-7, infra) == "infra" and classify_exit(134, infra) == "infra"
     assert classify_exit(1, infra) == "user" and classify_exit(-15, infra) == "user"
     assert classify_exit(-9, infra) == "user"  # a hard stop of the platform's own
+
+
+# ------------------------------------------------------------ time and strangers
+
+
+def test_a_beat_counts_when_received_and_a_stranger_is_never_judged() -> None:
+    from services.failover.rules import HeartbeatMonitor
+
+    monitor = HeartbeatMonitor(interval_s=1.0, missed=3)
+    monitor.watch("gpu-1", now=100.0)
+    monitor.beat("gpu-1", at=101.0)  # the sender may have stamped it 2099: not used
+    monitor.beat("forged-9", at=101.0)  # bootstrap never registered it
+    assert monitor.check(103.9) == []
+    [missed] = monitor.check(104.1)
+    assert missed.node == "gpu-1" and missed.last_seen == 101.0
+    assert "forged-9" not in monitor.last_seen and monitor.unknown_beats == {"forged-9": 1}
+    assert monitor.check(500.0) == []  # one fault per outage, and none for the stranger
+
+
+def test_after_a_start_every_node_gets_a_full_deadline_whatever_was_replayed() -> None:
+    from services.failover.rules import HeartbeatMonitor
+
+    monitor = HeartbeatMonitor(interval_s=1.0, missed=3)
+    started = 1000.0
+    monitor.blind(started)
+    monitor.watch("gpu-1", now=started)
+    monitor.watch("gpu-2", now=started)
+    monitor.beat("gpu-1", at=started + 0.1)  # replayed beats count as received now
+    assert monitor.check(started + 2.9) == []
+    monitor.beat("gpu-2", at=started + 2.9)  # a slow agent, within its deadline
+    assert [m.node for m in monitor.check(started + 3.2)] == ["gpu-1"]
+
+
+def test_every_fault_of_a_job_closes_when_the_job_ends() -> None:
+    book = FaultBook(FailoverRules())
+    hang = book.observe("alert:job_hang", "job-1", bad=True, now=10.0)
+    slow = book.observe("alert:throughput_low", "job-1", bad=True, now=11.0)
+    node = book.observe("heartbeat_missed", "gpu-1", bad=True, now=12.0, jobs=["job-1"])
+    closed = book.job_ended("job-1", now=20.0)
+    assert {d.fault.fault_id for d in closed} == {hang[0].fault.fault_id, slow[0].fault.fault_id}
+    assert all(d.action == "close" and d.fault.closed_at == 20.0 for d in closed)
+    assert node[0].fault.status == "opened"  # the node's own fault waits for bench
+    assert book.job_ended("job-1", now=21.0) == []  # once
