@@ -10,6 +10,11 @@ each node's newest sample. The transitions go out as ``lens.alert`` events
 with ids derived from the alert, so a second evaluator's copies are dropped
 by the bus; the collector stores them from the CONTROL stream like any
 event. A replica that takes over starts by reading what is open.
+
+Which jobs are watched comes from the store too (each job's latest
+placement, completion, failure or preemption in the ``events`` table, in
+stream order), not only from the events this replica consumed: with several
+replicas another one may have stored a job's end.
 """
 
 from __future__ import annotations
@@ -44,9 +49,15 @@ JOB_SQL = f"""SELECT job, max(iteration), countIf(isNaN(loss) OR isInfinite(loss
 FROM {{db}}.job_metrics WHERE {_WINDOW} GROUP BY job"""
 NODE_SQL = f"""SELECT node, toUnixTimestamp64Milli(max(time)) FROM {{db}}.node_metrics
 WHERE {_WINDOW} GROUP BY node"""
-ENDED_SQL = """SELECT DISTINCT job FROM {db}.events
-WHERE type IN ('job.completed', 'job.failed')
-  AND time >= fromUnixTimestamp64Milli({frm:Int64}, 'UTC')"""
+# Each job's latest lifecycle event stored since {frm}, by stream order.
+LIFECYCLE_SQL = """SELECT job, argMax(type, stream_seq),
+       toUnixTimestamp64Milli(argMax(time, stream_seq))
+FROM {db}.events
+WHERE type IN ('job.placed', 'job.completed', 'job.failed', 'job.preempted') AND job != ''
+  AND received >= fromUnixTimestamp64Milli({frm:Int64}, 'UTC')
+GROUP BY job"""
+LIFECYCLE_MARGIN_S = 60.0  # events stored a little before the window are read again
+RESUME_LOOKBACK_S = 86_400.0  # after a (re)start: the jobs of the last day
 OPEN_SQL = """SELECT rule, subject_key, nullIf(node, ''), nullIf(job, ''), gpu, value, threshold,
        severity, message, toUnixTimestamp64Milli(opened_at)
 FROM {db}.alerts FINAL WHERE state = 'open'
@@ -93,6 +104,7 @@ class AlertLoop:
             **window, "t": t, "v": v, "p": p, "open": self.engine.watched_gpu_keys()})
         out += self.engine.gpu_window(at, {(r[0], int(r[1])): GpuReading(r[2], r[3], r[4])
                                           for r in gpu_rows})
+        out += await self._lifecycle(at, frm - int(LIFECYCLE_MARGIN_S * 1000))
         jobs = await self.query(JOB_SQL, window)
         out += self.engine.job_window(at, {r[0]: _job_reading(r) for r in jobs})
         nodes = await self.query(NODE_SQL, window)
@@ -104,24 +116,30 @@ class AlertLoop:
             self.published += 1
         return out
 
+    async def _lifecycle(self, at: float, frm: int) -> list[Transition]:
+        rows = await self.query(LIFECYCLE_SQL, {"frm": frm})
+        return self.engine.job_states(at, {r[0]: (r[1], r[2] / 1000) for r in rows})
+
     async def job_ended(self, job: str, at: float) -> None:
         for transition in self.engine.job_ended(job, at):
             with contextlib.suppress(Exception):
                 await self.publish(alert_event(transition, self.source))
 
     async def _resume(self, to: int) -> list[Transition]:
-        """After a (re)start: reopen what the store says is open, and learn the
-        last hour's nodes and jobs, so silence since then is noticed."""
+        """After a (re)start: keep open what the store says is open (closing
+        duplicates), learn which jobs run and which ended, and what the last
+        hour's nodes and jobs did, so silence since then is noticed. Learning
+        opens and closes nothing by itself: that is what made every restart
+        add one more copy of an open alert."""
+        at = to / 1000
         hour = {"frm": to - 3_600_000, "to": to}
-        self.engine.restore([_open_alert(r) for r in await self.query(OPEN_SQL, {})])
-        ended = {r[0] for r in await self.query(ENDED_SQL, hour)}
+        out = self.engine.restore([_open_alert(r) for r in await self.query(OPEN_SQL, {})], at)
+        out += await self._lifecycle(at, to - int(RESUME_LOOKBACK_S * 1000))
         for row in await self.query(JOB_SQL, hour):
-            if row[0] not in ended:
-                self.engine.job_window(row[6] / 1000, {row[0]: _job_reading(row)})
-        self.engine.node_window(to / 1000, {r[0]: r[1] / 1000
-                                            for r in await self.query(NODE_SQL, hour)})
+            self.engine.learn_job(row[0], _job_reading(row), row[6] / 1000)
+        self.engine.node_window(at, {r[0]: r[1] / 1000 for r in await self.query(NODE_SQL, hour)})
         self.watermark = (to - 1000 * int(self.interval_s)) / 1000
-        return []
+        return out
 
 
 def alert_event(t: Transition, source: str) -> LensAlert:

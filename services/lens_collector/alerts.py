@@ -7,6 +7,13 @@ iterating, a checkpoint that got old, a node that stopped reporting). Every
 rule opens an alert once and closes it once, as ``Transition``s, and the
 thresholds and durations come from ``AlertConfig``.
 
+Job rules follow the job's life as the scheduler tells it (``job_states``):
+a placed job is watched from its placement (so one that never reports is
+hung from then), and a job that completed, failed or was preempted is not
+watched until it is placed again; its open alerts close. A new placement
+starts the job's progress over (it resumes from a checkpoint, below the
+iteration it had reached).
+
 Threshold rules have a duration and hysteresis: a reading must stay above
 ``above`` for ``for_s`` to open, and below ``clear_below`` for
 ``clear_for_s`` to close, so a value hovering at the line does not flap.
@@ -18,7 +25,7 @@ import hashlib
 import math
 import statistics
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -114,9 +121,16 @@ class _Machine:
     baseline: float | None = None  # throughput: the median when it started
 
 
+# Lifecycle events that end a job's watch, until it is placed again.
+ENDED_TYPES = ("job.completed", "job.failed", "job.preempted")
+PLACED_TYPE = "job.placed"
+ENDED_KEPT_S = 86_400.0  # how long an ended job's late telemetry is still ignored
+
+
 @dataclass
 class _Job:
     first_seen: float
+    placed_at: float | None = None
     iteration: int = -1
     progressed_at: float = 0.0
     last_checkpoint: float | None = None
@@ -129,6 +143,7 @@ class AlertEngine:
         self._machines: dict[tuple[str, str], _Machine] = {}  # (rule, key)
         self._meta: dict[tuple[str, str], dict[str, object]] = {}
         self._jobs: dict[str, _Job] = {}
+        self._ended: dict[str, float] = {}  # job -> when its watch ended
         self._nodes: dict[str, float] = {}
 
     # ------------------------------------------------------------------ feeding
@@ -161,6 +176,8 @@ class AlertEngine:
     def job_window(self, at: float, jobs: dict[str, JobReading]) -> list[Transition]:
         out: list[Transition] = []
         for name, r in jobs.items():
+            if name in self._ended:  # its last rows, stored after it ended
+                continue
             job = self._jobs.setdefault(name, _Job(first_seen=at, progressed_at=at))
             if r.iteration is not None and r.iteration > job.iteration:
                 if self._is_open("job_hang", name):
@@ -181,6 +198,41 @@ class AlertEngine:
             if r.throughput is not None:
                 out += self._throughput(name, job, r.throughput, at)
         return out
+
+    def job_states(self, at: float, states: dict[str, tuple[str, float]]) -> list[Transition]:
+        """Each job's latest lifecycle event (type, when) as the scheduler
+        published it. Applying the same state twice changes nothing."""
+        out: list[Transition] = []
+        for name, (kind, when) in sorted(states.items()):
+            when = min(when, at)  # a clock ahead of ours must not date the watch in the future
+            if kind in ENDED_TYPES:
+                if self._ended.get(name, float("-inf")) < when:
+                    out += self.job_ended(name, at, when=when)
+            elif kind == PLACED_TYPE:
+                if self._ended.get(name, float("-inf")) >= when:
+                    continue  # placed, then ended: the end is newer
+                job = self._jobs.get(name)
+                if job is None or job.placed_at is None or job.placed_at < when:
+                    self._ended.pop(name, None)
+                    old = self._jobs.get(name)
+                    self._jobs[name] = _Job(first_seen=when, placed_at=when, progressed_at=when,
+                                            last_checkpoint=old.last_checkpoint if old else None)
+                    hang = self._machines.get(("job_hang", name))
+                    if self._is_open("job_hang", name) and hang and hang.opened_at < when:
+                        out.append(self._close("job_hang", name, at))  # a new attempt
+        return out
+
+    def learn_job(self, name: str, r: JobReading, last_report: float) -> None:
+        """What a job did before a restart, taken in without any transition:
+        an alert restored open stays open until a new reading says otherwise."""
+        if name in self._ended:
+            return
+        job = self._jobs.setdefault(name, _Job(first_seen=last_report, progressed_at=last_report))
+        if r.iteration is not None and r.iteration > job.iteration:
+            job.iteration, job.progressed_at = r.iteration, max(job.progressed_at, last_report)
+        if r.last_checkpoint is not None and (job.last_checkpoint is None
+                                              or r.last_checkpoint > job.last_checkpoint):
+            job.last_checkpoint = r.last_checkpoint
 
     def node_window(self, at: float, last_seen: dict[str, float]) -> list[Transition]:
         out: list[Transition] = []
@@ -216,20 +268,33 @@ class AlertEngine:
                                       f"no checkpoint in {age:.0f} s"))
         return out
 
-    def job_ended(self, name: str, at: float) -> list[Transition]:
-        """A job completed or failed: close its alerts and stop watching it."""
+    def job_ended(self, name: str, at: float, *, when: float | None = None) -> list[Transition]:
+        """A job completed, failed or was preempted (``when``; default ``at``):
+        close its alerts and stop watching it until it is placed again."""
         self._jobs.pop(name, None)
+        self._ended[name] = at if when is None else when
+        for old in [j for j, t in self._ended.items() if t < at - ENDED_KEPT_S]:
+            del self._ended[old]
         out = [self._close(rule, key, at) for (rule, key), m in list(self._machines.items())
                if key == name and m.phase in ("open", "clearing")]
         for rule_key in [k for k in self._machines if k[1] == name]:
             del self._machines[rule_key]
         return out
 
-    def restore(self, alerts: list[Transition]) -> None:
-        """Alerts found open in the store after a restart stay open (no reopen)."""
-        for t in alerts:
+    def restore(self, alerts: list[Transition], at: float) -> list[Transition]:
+        """Alerts found open in the store after a restart stay open (no
+        reopen). Should the store hold more than one open alert for the same
+        rule and key (from before this rule), the oldest stays and the
+        others are closed: one alert per condition."""
+        out: list[Transition] = []
+        for t in sorted(alerts, key=lambda t: (t.opened_at, t.alert_id)):
+            if (t.rule, t.key) in self._machines:
+                out.append(replace(t, state="closed", at=at,
+                                   message=f"cleared: a duplicate of an older alert ({t.message})"))
+                continue
             self._machines[(t.rule, t.key)] = _Machine("open", t.opened_at, t.opened_at)
             self._meta[(t.rule, t.key)] = _meta_of(t)
+        return out
 
     def open_alerts(self) -> list[tuple[str, str]]:
         return sorted(k for k, m in self._machines.items() if m.phase in ("open", "clearing"))

@@ -34,6 +34,7 @@ from libs.events import (
     Event,
     JobCompleted,
     JobFailed,
+    JobPreempted,
     UnsupportedVersion,
     parse_event,
 )
@@ -121,8 +122,9 @@ class LensCollector:
         await self._store(self._insert_rows, rows_for(batch))
         if self.alerts is not None:
             for event, _ in batch:
-                if isinstance(event, JobCompleted | JobFailed) and event.job:
-                    await self.alerts.job_ended(event.job, event.time.timestamp())
+                if isinstance(event, JobCompleted | JobFailed | JobPreempted) and event.job:
+                    await self.alerts.job_ended(event.job, min(event.time.timestamp(),
+                                                               time.time()))
 
     def _insert_rows(self, tables: dict[str, list[list[Any]]]) -> None:
         assert self.client is not None

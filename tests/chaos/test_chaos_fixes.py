@@ -28,6 +28,7 @@ def test_a_bus_outage_of_the_monitor_does_not_count_as_silence() -> None:
     on every node (and bootstrap quarantined the whole fleet)."""
     mon = HeartbeatMonitor(interval_s=1.0, missed=3)
     for node in ("a", "b"):
+        mon.watch(node, 9.0)  # registered: only those are judged
         mon.beat(node, 10.0)
     mon.blind(11.0)  # the monitor's bus went down ...
     mon.blind(15.0)  # ... and was still down here

@@ -7,8 +7,8 @@ from typing import Any
 
 from libs.events import LensAlert, encode_event, parse_event
 from services.lens_collector.alerting import (
-    ENDED_SQL,
     JOB_SQL,
+    LIFECYCLE_SQL,
     NODE_SQL,
     OPEN_SQL,
     AlertLoop,
@@ -36,7 +36,7 @@ class Store:
             return self.gpus
         if sql == NODE_SQL:
             return self.nodes
-        if sql in (JOB_SQL, ENDED_SQL):
+        if sql in (JOB_SQL, LIFECYCLE_SQL):
             return []
         raise AssertionError(sql)
 

@@ -170,7 +170,7 @@ def test_restored_alerts_are_not_opened_twice() -> None:
     first = AlertEngine(AlertConfig(gpu_temp_c=ThresholdRule(above=80, clear_below=75)))
     [opened] = first.gpu_window(0, {("n1", 0): GpuReading(90)})
     second = AlertEngine(first.config)
-    second.restore([opened])
+    assert second.restore([opened], 5) == []
     assert second.gpu_window(5, {("n1", 0): GpuReading(91)}) == []
     [closed] = second.gpu_window(10, {("n1", 0): GpuReading(60)})
     assert closed.alert_id == opened.alert_id and closed.state == "closed"
