@@ -81,6 +81,36 @@ async def submit(path: str) -> str:
     job = f"{check_key(spec.name, 'job name')[:40]}-{uuid.uuid4().hex[:6]}"
     bus = await connect(Settings())
     try:
+        # Ask the scheduler leader first, so a job that can never run is
+        # refused before it has an id; without an answer the job goes anyway
+        # (the scheduler checks it again when it reads job.submitted).
+        import re
+        import sys
+
+        from services.scheduler.protocol import ADMISSION_SUBJECT
+        try:
+            answer = await bus.request(ADMISSION_SUBJECT, {"spec": spec.model_dump(mode="json")},
+                                       timeout_s=2.0)
+        except Exception:
+            answer = {}
+            print("primus-safe submit: no scheduler answered within 2 s; submitting anyway "
+                  "(the scheduler checks the job when it reads it)", file=sys.stderr)
+        if answer.get("ok") is False:
+            print(f"primus-safe submit: the scheduler could not check the job "
+                  f"({answer.get('error')}); submitting anyway", file=sys.stderr)
+        reason = answer.get("reason") or ""
+        if answer.get("verdict") == "refused":
+            field = answer.get("field") or ""
+            where = f"field {field} (not set in the file): " if field else ""
+            text = Path(path).read_text(errors="replace").splitlines()
+            for number, line in enumerate(text, 1):
+                if field and re.match(rf"\s*{re.escape(field)}\s*:", line):
+                    where = f"line {number}, field {field}: "
+                    break
+            raise CliError(f"{path}: {where}refused: {reason}")
+        if answer.get("verdict") == "unschedulable":
+            print(f"primus-safe submit: accepted as unschedulable: {reason}; it waits for the "
+                  f"cluster to grow and does not hold up the jobs behind it", file=sys.stderr)
         await bus.publish(JobSubmitted(source="cli", job=job, data=JobSubmittedData(spec=spec)))
     finally:
         await bus.close()

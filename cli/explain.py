@@ -36,6 +36,9 @@ def describe(doc: dict[str, Any]) -> str:
         lines.append(f"runs on: {where}")
         if r["status"] == "terminating":
             lines.append(f"stopping: {r['reason']}")
+    elif r["status"] == "pending" and r.get("code") == "unschedulable":
+        lines.append(f"unschedulable: {r['reason']}; it waits for the cluster to grow (checked "
+                     f"again as nodes register) and does not hold up the jobs behind it")
     elif r["status"] == "pending":
         lines.append(f"waits: position {r['position']} in workspace {spec['workspace']}: "
                      f"{r['reason'] or 'not considered yet'}" + (f" [{r['code']}]" if r.get(

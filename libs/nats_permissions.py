@@ -147,6 +147,8 @@ ROLES: tuple[Role, ...] = (
         kv_read=("nodes",),
         kv_write=("jobs",),
         leases=("scheduler",),
+        # primus-safe submit asks whether a job can ever run (services/scheduler/protocol.py).
+        serves=(query("scheduler.admission"),),
     ),
     Role(
         "bench-agent",

@@ -18,6 +18,13 @@ health with ``role: standby``. Every effect first checks that this replica
 still leads the term its records belong to, and every job record carries
 that term (``leader_term``): a record written by a newer term is never
 overwritten by an older one.
+
+Admission (``policy.admission``): the leader answers
+``safe.query.scheduler.admission`` so ``primus-safe submit`` learns before it
+prints a job id whether the job can ever run; the same check runs when
+``job.submitted`` is read (a refused job ends ``failed`` at once, its reason
+in the record and in ``job.failed``) and every cycle (a job the registered
+nodes cannot hold waits as ``unschedulable``, outside the queue).
 """
 
 from __future__ import annotations
@@ -47,6 +54,7 @@ from libs.events import (
     JobPreempted,
     JobPreemptedData,
     JobRecover,
+    JobSpec,
     JobSubmitted,
     NodeRegistered,
     NodeStateChanged,
@@ -57,9 +65,18 @@ from libs.leader import LeaderElection, NotLeader, follow
 from libs.logs import get_logger
 from libs.settings import Settings
 from services.scheduler import config as scheduler_config
-from services.scheduler.policy import schedule
+from services.scheduler.policy import admission, schedule
+from services.scheduler.protocol import ADMISSION_SUBJECT
 from services.scheduler.records import job_from_json, job_to_json, node_from_bootstrap
-from services.scheduler.view import AfterStop, JobRecord, NodeView, SchedulerState, retry_backoff_s
+from services.scheduler.view import (
+    AfterStop,
+    JobRecord,
+    NodeView,
+    SchedulerState,
+    policy_job,
+    policy_nodes,
+    retry_backoff_s,
+)
 from services.scheduler.view import snapshot as build_snapshot
 
 SOURCE = "scheduler"
@@ -94,6 +111,7 @@ class Scheduler:
         self._dirty = asyncio.Event()
         self._tasks: set[asyncio.Task[None]] = set()
         self._cycle_task: asyncio.Task[None] | None = None
+        self._admission_sub: Any = None  # the leader's admission endpoint
         self._shown: dict[str, tuple[int, str]] = {}
         self.cycles = 0
         self.last_cycle_ms = 0.0
@@ -135,6 +153,9 @@ class Scheduler:
             handler=self._on_event,
         )
         self._cycle_task = asyncio.create_task(self._cycle_loop())
+        # Only the leader answers: it alone has the registered nodes.
+        self._admission_sub = await self.bus.serve(ADMISSION_SUBJECT, self._on_admission,
+                                                   queue="scheduler")
 
     async def _abdicate(self, reason: str) -> None:
         """Lost the lease: stop acting now; a new term starts from the buckets."""
@@ -144,6 +165,10 @@ class Scheduler:
         self.state, self._shown = SchedulerState(), {}
 
     async def _stop_acting(self, *, wait_s: float) -> None:
+        if self._admission_sub is not None:
+            with contextlib.suppress(Exception):
+                await self._admission_sub.unsubscribe()
+            self._admission_sub = None
         if self._cycle_task is not None:
             self._cycle_task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
@@ -228,7 +253,11 @@ class Scheduler:
                 job = JobRecord(id=event.job, spec=event.data.spec,
                                 submitted_at=event.time.timestamp())
                 self.state.jobs[job.id] = job
-                await self._save(job)
+                verdict = self._admit(job)
+                if verdict.verdict == "refused":
+                    await self._refuse(job, verdict.reason)
+                else:
+                    await self._save(job)
         elif isinstance(event, WorkerExited):
             await self._on_exit(event)
         elif isinstance(event, JobRecover):
@@ -339,6 +368,36 @@ class Scheduler:
         job.preempted = after == "preempted"
         await self._save(job)
 
+    # ------------------------------------------------------------------ admission
+
+    def _fleet(self, nodes: Any = None) -> admission.Fleet:
+        return admission.Fleet.of(policy_nodes(self.state) if nodes is None else nodes,
+                                  self.config.pool_capacity())
+
+    def _admit(self, job: JobRecord) -> admission.Admission:
+        workspaces = {w.name: w for w in self.workspaces}
+        return admission.admit(policy_job(job), workspaces, self._fleet(),
+                               self.config.priorities)
+
+    async def _on_admission(self, request: dict[str, Any]) -> dict[str, Any]:
+        """``primus-safe submit`` asks before it publishes: can this job run?"""
+        self._fence()  # a deposed leader does not answer for the cluster
+        spec = JobSpec.model_validate(request.get("spec"))
+        verdict = self._admit(JobRecord(id="(submit)", spec=spec, submitted_at=time.time()))
+        return {"ok": True, "verdict": verdict.verdict, "reason": verdict.reason,
+                "field": verdict.field}
+
+    async def _refuse(self, job: JobRecord, reason: str) -> None:
+        """A job that can never run ends now, failed, with the reason; the
+        event's attempt is 1 (the contract has no attempt 0), its duration 0."""
+        self._log.warning("job refused", job=job.id, reason=reason)
+        job.status, job.code, job.reason = "failed", "refused", f"refused: {reason}"
+        self._shown.pop(job.id, None)
+        await self._save(job)
+        await self._publish(JobFailed(
+            id=f"{job.id}-failed", source=SOURCE, job=job.id,
+            data=JobEndedData(attempt=max(1, job.attempt), duration_s=0.0, reason=job.reason)))
+
     # ------------------------------------------------------------------ cycle
 
     async def _cycle_loop(self) -> None:
@@ -374,6 +433,9 @@ class Scheduler:
         now = time.time()
         t0 = time.perf_counter()
         snap, held = build_snapshot(self.state, self.workspaces, now)
+        # Jobs that cannot run stay out of the queue: a FIFO head the
+        # cluster cannot hold today would otherwise block every later job.
+        snap, verdicts = admission.screen(snap, self._fleet(snap.nodes), self.config.priorities)
         result = schedule(snap, self.config.policy(), now)
         self.state.reservations = dict(result.reservations)
         self.cycles += 1
@@ -391,6 +453,12 @@ class Scheduler:
         for job_id, pending in {**result.pending, **held}.items():
             await self._show_pending(self.state.jobs[job_id], pending.position, pending.reason,
                                      pending.code)
+        for job_id, verdict in verdicts.items():
+            if verdict.verdict == "refused":  # the configuration changed under it
+                await self._refuse(self.state.jobs[job_id], verdict.reason)
+            else:
+                await self._show_pending(self.state.jobs[job_id], 1, verdict.reason,
+                                         "unschedulable")
         if result.placements or result.preemptions:
             self._log.info("cycle", placed=len(result.placements),
                            preempted=len(result.preemptions), pending=len(result.pending),

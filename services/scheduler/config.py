@@ -1,7 +1,12 @@
 """The scheduler's configuration file: priority classes, workspaces (quota,
 node pools, queue policy, preemption) and preemption timing. Loaded once at
 start from ``PRIMUS_SCHEDULER_CONFIG`` (YAML); without a file there is one
-``default`` workspace with FIFO, no quota and preemption on."""
+``default`` workspace with FIFO, no quota and preemption on.
+
+``pools`` may declare what a node pool will ever hold (GPUs per model): a job
+beyond that is refused at submit; without a declaration the registered nodes
+are all the scheduler knows, and a job beyond them is accepted as
+unschedulable (see ``policy.admission``)."""
 
 from __future__ import annotations
 
@@ -31,6 +36,19 @@ class WorkspaceConfig(Frozen):
                          preemption=self.preemption)
 
 
+class PoolConfig(Frozen):
+    name: str
+    gpus_by_model: dict[str, int] = Field(
+        default_factory=dict, description="the most GPUs of each model this pool will ever hold")
+
+    @model_validator(mode="after")
+    def _check(self) -> PoolConfig:
+        bad = sorted(m for m, g in self.gpus_by_model.items() if g < 0)
+        if bad:
+            raise ValueError(f"pool {self.name}: gpus_by_model must be >= 0 ({', '.join(bad)})")
+        return self
+
+
 class SchedulerFile(Frozen):
     priorities: dict[str, int] = Field(default_factory=lambda: dict(DEFAULT_PRIORITIES))
     preemption: bool = True
@@ -39,12 +57,17 @@ class SchedulerFile(Frozen):
                                       description="time a victim has to checkpoint and stop")
     workspaces: list[WorkspaceConfig] = Field(
         default_factory=lambda: [WorkspaceConfig(name="default")], min_length=1)
+    pools: list[PoolConfig] = Field(default_factory=list,
+                                    description="declared pool capacity (optional)")
 
     @model_validator(mode="after")
     def _check(self) -> SchedulerFile:
         names = [w.name for w in self.workspaces]
         if len(set(names)) != len(names):
             raise ValueError("workspace names must be unique")
+        pools = [p.name for p in self.pools]
+        if len(set(pools)) != len(pools):
+            raise ValueError("pool names must be unique")
         missing = {"low", "medium", "high"} - set(self.priorities)
         if missing:
             raise ValueError(f"priorities must define {', '.join(sorted(missing))}")
@@ -53,6 +76,10 @@ class SchedulerFile(Frozen):
     def policy(self) -> SchedulerConfig:
         return SchedulerConfig(priorities=dict(self.priorities), preemption=self.preemption,
                                cross_workspace_preemption=self.cross_workspace_preemption)
+
+    def pool_capacity(self) -> dict[str, dict[str, int]]:
+        """Declared pools: pool -> GPU model -> the most GPUs it will hold."""
+        return {p.name: dict(p.gpus_by_model) for p in self.pools}
 
     def workspace_policies(self) -> list[Workspace]:
         return [w.policy() for w in self.workspaces]

@@ -91,14 +91,19 @@ def policy_job(job: JobRecord) -> policy.Job:
     )
 
 
+def policy_nodes(state: SchedulerState) -> list[policy.Node]:
+    """Every registered node, in the policy's terms (only ready ones are used)."""
+    return [policy.Node(name=n.name, gpus=n.gpus, gpu_model=n.gpu_model, rack=n.rack,
+                        switch=n.switch, ip=n.ip, state=_NODE_STATE.get(n.state, "unready"),
+                        pool=n.pool)
+            for n in state.nodes.values()]
+
+
 def snapshot(state: SchedulerState, workspaces: list[policy.Workspace], now: float,
              ) -> tuple[policy.Snapshot, dict[str, policy.Pending]]:
     """The policy's view, and the pending jobs answered before the policy."""
     known = {w.name for w in workspaces}
-    nodes = [policy.Node(name=n.name, gpus=n.gpus, gpu_model=n.gpu_model, rack=n.rack,
-                         switch=n.switch, ip=n.ip, state=_NODE_STATE.get(n.state, "unready"),
-                         pool=n.pool)
-             for n in state.nodes.values()]
+    nodes = policy_nodes(state)
     running, pending = [], []
     held: dict[str, policy.Pending] = {}
     for job in state.jobs.values():
