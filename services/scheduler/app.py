@@ -112,6 +112,7 @@ class Scheduler:
         self._tasks: set[asyncio.Task[None]] = set()
         self._cycle_task: asyncio.Task[None] | None = None
         self._admission_sub: Any = None  # the leader's admission endpoint
+        self._fleet_now: admission.Fleet | None = None  # until a node (re)registers
         self._shown: dict[str, tuple[int, str]] = {}
         self.cycles = 0
         self.last_cycle_ms = 0.0
@@ -136,6 +137,7 @@ class Scheduler:
         self._log.info("leading", term=term)
         self._term = term
         self.state, self._shown = SchedulerState(), {}
+        self._fleet_now = None
         if self._own_driver and self._driver_used:
             self.driver = make_driver(self.settings, self.bus)
         self._driver_used = True
@@ -237,6 +239,7 @@ class Scheduler:
     async def _apply(self, event: Event) -> None:
         if isinstance(event, NodeRegistered):
             d = event.data
+            self._fleet_now = None  # GPUs, model, pool or rack may have changed
             old = self.state.nodes.get(event.node)
             self.state.nodes[event.node] = NodeView(
                 name=event.node, gpus=d.gpu_count, gpu_model=d.gpu_model, ip=d.ip,
@@ -370,9 +373,13 @@ class Scheduler:
 
     # ------------------------------------------------------------------ admission
 
-    def _fleet(self, nodes: Any = None) -> admission.Fleet:
-        return admission.Fleet.of(policy_nodes(self.state) if nodes is None else nodes,
-                                  self.config.pool_capacity())
+    def _fleet(self) -> admission.Fleet:
+        """The registered nodes summarised; kept (with its answers) until a
+        node registers: node states do not change what a job can ever get."""
+        if self._fleet_now is None:
+            self._fleet_now = admission.Fleet.of(policy_nodes(self.state),
+                                                 self.config.pool_capacity())
+        return self._fleet_now
 
     def _admit(self, job: JobRecord) -> admission.Admission:
         workspaces = {w.name: w for w in self.workspaces}
@@ -435,7 +442,7 @@ class Scheduler:
         snap, held = build_snapshot(self.state, self.workspaces, now)
         # Jobs that cannot run stay out of the queue: a FIFO head the
         # cluster cannot hold today would otherwise block every later job.
-        snap, verdicts = admission.screen(snap, self._fleet(snap.nodes), self.config.priorities)
+        snap, verdicts = admission.screen(snap, self._fleet(), self.config.priorities)
         result = schedule(snap, self.config.policy(), now)
         self.state.reservations = dict(result.reservations)
         self.cycles += 1

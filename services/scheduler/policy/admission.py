@@ -33,6 +33,7 @@ so a job with ``gpus_per_worker: 0`` is refused everywhere.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Literal
@@ -78,9 +79,15 @@ class Fleet:
 
     capacity: PoolCapacity = field(default_factory=dict)
     boards: dict[str, int] = field(default_factory=dict)  # model -> largest node's GPUs
-    racks: dict[tuple[str, str], dict[tuple[str, str], list[int]]] = field(default_factory=dict)
-    """(pool, model) -> (switch, rack) -> GPU counts of its nodes."""
+    racks: dict[tuple[str, str], dict[tuple[str, str], Counter[int]]] = field(
+        default_factory=dict)
+    """(pool, model) -> (switch, rack) -> how many nodes have each GPU count
+    (counts, not lists: a shape's capacity is then a few multiplications)."""
     _cache: dict[tuple[object, ...], _Model] = field(default_factory=dict)
+    _jobs: dict[tuple[object, ...], Admission] = field(default_factory=dict)
+    _models: frozenset[str] = frozenset()
+    _pools: frozenset[str] = frozenset()
+    _slots: dict[tuple[object, ...], tuple[int, ...]] = field(default_factory=dict)
 
     @classmethod
     def of(cls, nodes: Iterable[Node], capacity: PoolCapacity | None = None) -> Fleet:
@@ -90,20 +97,33 @@ class Fleet:
                 continue
             fleet.boards[n.gpu_model] = max(fleet.boards.get(n.gpu_model, 0), n.gpus)
             racks = fleet.racks.setdefault((n.pool, n.gpu_model), {})
-            racks.setdefault((n.switch, n.rack), []).append(n.gpus)
+            racks.setdefault((n.switch, n.rack), Counter())[n.gpus] += 1
+        declared = {m for caps in fleet.capacity.values() for m, g in caps.items() if g > 0}
+        fleet._models = frozenset(set(fleet.boards) | declared)
+        fleet._pools = frozenset({p for p, _ in fleet.racks} | set(fleet.capacity))
         return fleet
 
     @property
     def empty(self) -> bool:
         return not self.boards and not self.capacity
 
-    def models(self) -> set[str]:
+    def models(self) -> frozenset[str]:
         """Every GPU model the cluster has or is configured to have."""
-        declared = {m for caps in self.capacity.values() for m, g in caps.items() if g > 0}
-        return set(self.boards) | declared
+        return self._models
 
-    def pools(self) -> set[str]:
-        return {p for p, _ in self.racks} | set(self.capacity)
+    def pools(self) -> frozenset[str]:
+        return self._pools
+
+    def slots_per_rack(self, pools: Sequence[str], model: str, gpus: int) -> tuple[int, ...]:
+        """Per rack of ``model`` in ``pools``: how many ``gpus``-GPU slots
+        its nodes hold (cached: a handful of slot sizes per cycle)."""
+        key = (tuple(pools), model, gpus)
+        out = self._slots.get(key)
+        if out is None:
+            out = self._slots[key] = tuple(
+                sum(g // gpus * k for g, k in rack.items())
+                for p in pools for rack in self.racks.get((p, model), {}).values())
+        return out
 
 
 def admit(job: Job, workspaces: Mapping[str, Workspace], fleet: Fleet,
@@ -111,11 +131,21 @@ def admit(job: Job, workspaces: Mapping[str, Workspace], fleet: Fleet,
     """Whether ``job`` can run: ok, refused (never, by configuration or
     hardware) or unschedulable (not on the nodes registered today)."""
     ws = workspaces.get(job.workspace)
+    # Jobs of one shape get one answer: a cycle screens every queued job.
+    key = (ws, job.workspace, job.priority, job.workers, job.gpus_per_worker, job.unit_workers,
+           job.unit_scope, job.gpu_models, tuple(priorities))
+    answer = fleet._jobs.get(key)
+    if answer is None:
+        answer = fleet._jobs[key] = _admit(job, ws, workspaces, fleet, key[-1])
+    return answer
+
+
+def _admit(job: Job, ws: Workspace | None, workspaces: Mapping[str, Workspace], fleet: Fleet,
+           priorities: tuple[str, ...]) -> Admission:
     if ws is None:
         known = ", ".join(sorted(workspaces)) or "none"
         return Admission("refused", f"unknown workspace {job.workspace!r}; the scheduler's "
                                     f"workspaces are: {known}", "workspace")
-    priorities = tuple(priorities)
     if priorities and job.priority not in priorities:
         return Admission("refused", f"unknown priority class {job.priority!r}; known: "
                                     f"{', '.join(sorted(priorities))}", "priority")
@@ -222,18 +252,18 @@ def _decide_model(job: Job, ws: Workspace, model: str, fleet: Fleet) -> _Model:
     if declared is not None and declared < need:
         return _Model("refused", f"needs {need} {model} GPUs; pool(s) {', '.join(pools)} "
                                  f"are configured to hold at most {declared}", "workers")
-    racks = [gpus for p in pools for gpus in fleet.racks.get((p, model), {}).values()]
-    if not racks:
+    if not any((p, model) in fleet.racks for p in pools):
         return _Model("unschedulable", f"no {model} node is registered{where} yet")
     if node_scoped:
-        slots = sum(g // slot_gpus for rack in racks for g in rack)
+        slots = sum(fleet.slots_per_rack(pools, model, slot_gpus))
         held = slots * slot_gpus
         if slots < job.workers // unit:
             return _Model("unschedulable", _later(need, held, model, where))
         return _Model("ok")
-    units = sum(sum(g // job.gpus_per_worker for g in rack) // unit for rack in racks)
+    per_rack = fleet.slots_per_rack(pools, model, job.gpus_per_worker)
+    units = sum(workers // unit for workers in per_rack)
     if units < job.workers // unit:
-        most = max(sum(g // job.gpus_per_worker for g in rack) for rack in racks)
+        most = max(per_rack)
         if job.workers // unit == 1 or most < unit:
             return _Model("unschedulable", f"a unit of {unit} workers x {job.gpus_per_worker} "
                                            f"GPUs must sit in one rack; the largest {model} "
