@@ -6,14 +6,16 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import uuid
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from nats.js.errors import BucketNotFoundError, NoKeysError
 
 from libs.bus import Bus
-from libs.embedded import STACK_FILE
+from libs.embedded import STACK_FILE, StackFileError, is_running, read_stack_file
 from libs.events import JobSpec, JobSubmitted, JobSubmittedData, check_key
 from libs.settings import Settings
 from libs.specs import load_model
@@ -25,22 +27,62 @@ class CliError(Exception):
     """An error for the operator: printed without a traceback, exit 1."""
 
 
+# A verb without a bus must say so quickly (the issue: 2 s, one line).
+CONNECT_TIMEOUT_S = 1.5
+
+
 def bus_target(settings: Settings) -> tuple[str, str | None]:
-    if "PRIMUS_NATS_URL" not in os.environ:
-        stack = Path(settings.state_dir) / STACK_FILE
-        if stack.exists():
-            info = json.loads(stack.read_text())
-            return info["nats_url"], info.get("nats_token")
-    return settings.nats_url, settings.nats_token
+    """The bus URL and its token (see ``find_bus``)."""
+    url, token, _ = find_bus(settings)
+    return url, token
+
+
+def find_bus(settings: Settings) -> tuple[str, str | None, str]:
+    """The bus URL, its token, and where they came from (for error lines):
+    PRIMUS_NATS_URL when set, else the embedded stack's stack.json, else the
+    default URL. A corrupt stack.json is a CliError naming it."""
+    if "PRIMUS_NATS_URL" in os.environ:
+        return settings.nats_url, settings.nats_token, "PRIMUS_NATS_URL"
+    path = (Path(settings.state_dir) / STACK_FILE).resolve()
+    try:
+        info = read_stack_file(path)
+    except StackFileError as exc:
+        raise CliError(str(exc)) from None
+    if info is None:
+        return (settings.nats_url, settings.nats_token,
+                f"{path} (missing: no `primus-safe up` here) and PRIMUS_NATS_URL (unset)")
+    owner = ("" if is_running(info.pid, info.pid_start) else
+             f"; its `primus-safe up` (pid {info.pid}) is no longer running")
+    return info.nats_url, info.nats_token, f"{path}{owner}"
+
+
+def _unreachable(url: str) -> str | None:
+    """Why nothing answers at ``url`` (refused, no route), or None when a
+    TCP connection works: a quick probe so the error has a reason."""
+    parts = urlsplit(url if "://" in url else f"nats://{url}")
+    try:
+        with socket.create_connection((parts.hostname or "127.0.0.1", parts.port or 4222),
+                                      timeout=CONNECT_TIMEOUT_S / 2):
+            return None
+    except OSError as exc:
+        return exc.strerror or str(exc) or type(exc).__name__
 
 
 async def connect(settings: Settings) -> Bus:
-    url, token = bus_target(settings)
-    try:
-        return await Bus.connect(
-            url, "cli", token=token, **settings.nats_auth)
-    except ConnectionError as exc:
-        raise CliError(f"{exc}") from None
+    """A bus connection for a CLI verb, or one CliError line within ~2 s
+    saying where the CLI looked and why it failed."""
+    url, token, where = find_bus(settings)
+    reason = _unreachable(url.split(",")[0])
+    if reason is None:
+        try:
+            return await Bus.connect(url, "cli", token=token, timeout_s=CONNECT_TIMEOUT_S,
+                                     **settings.nats_auth)
+        except ConnectionError as exc:
+            reason = str(exc.__cause__ or "") or f"no NATS handshake within {CONNECT_TIMEOUT_S} s"
+            if "TLS" in str(exc):
+                reason = str(exc)
+    raise CliError(f"cannot reach the bus at {url} ({reason}); looked at {where}. Start the "
+                   f"stack with `primus-safe up` or set PRIMUS_NATS_URL")
 
 
 async def read_bucket(bus: Bus, bucket: str, *, missing_ok: bool = False) -> list[dict[str, Any]]:
@@ -73,11 +115,19 @@ async def lens_query(bus: Bus, name: str, **params: Any) -> list[dict[str, Any]]
     return [dict(zip(reply["columns"], row, strict=True)) for row in reply["rows"]]
 
 
+def resolve_paths(spec: JobSpec, job_file: Path) -> JobSpec:
+    """Relative paths in a job file mean the job file's directory, wherever
+    the submitter stands (like docker-compose): the workers run in
+    ``workdir``, which defaults to that directory and, when relative, is
+    taken from it; a relative ``command`` then resolves against it."""
+    base = job_file.resolve().parent
+    workdir = base / spec.workdir if spec.workdir else base
+    return spec.model_copy(update={"workdir": str(workdir.resolve())})
+
+
 async def submit(path: str) -> str:
     """Validate a job file and queue it; returns the new job id."""
-    spec = load_model(path, JobSpec)
-    if spec.workdir is None:
-        spec = spec.model_copy(update={"workdir": str(Path.cwd())})
+    spec = resolve_paths(load_model(path, JobSpec), Path(path))
     job = f"{check_key(spec.name, 'job name')[:40]}-{uuid.uuid4().hex[:6]}"
     bus = await connect(Settings())
     try:

