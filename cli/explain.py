@@ -1,9 +1,11 @@
 """``primus-safe explain JOB``: where a job runs or why it waits (its queue
-position and the scheduler's reason), and its history from Lens."""
+position and the scheduler's reason), its history from Lens, and where its
+workers' logs are when the local driver wrote them under the state dir."""
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 from cli.client import CliError, connect, lens_query, read_bucket
@@ -22,7 +24,15 @@ async def explain(job: str, settings: Settings) -> dict[str, Any]:
             history, record["history_note"] = [], str(exc)
     finally:
         await bus.close()
-    return {"job": record, "history": history}
+    return {"job": record, "history": history,
+            "logs": worker_logs(Path(settings.state_dir), job, record.get("attempt") or 0)}
+
+
+def worker_logs(state_dir: Path, job: str, attempt: int) -> list[str]:
+    """The local driver's rank logs of the job's latest attempt (none on k8s:
+    there ``kubectl logs`` has them)."""
+    run_dir = state_dir.resolve() / "jobs" / job / f"attempt-{attempt}"
+    return [str(p) for p in sorted(run_dir.glob("rank-*.log"))] if run_dir.is_dir() else []
 
 
 def describe(doc: dict[str, Any]) -> str:
@@ -47,6 +57,8 @@ def describe(doc: dict[str, Any]) -> str:
             lines.append(f"recovering: served first, avoiding {', '.join(r['exclude_nodes'])}")
     elif r["reason"]:
         lines.append(f"ended: {r['reason']}")
+    if doc.get("logs"):
+        lines.append("worker logs: " + ", ".join(doc["logs"]))
     if doc["history"]:
         lines.append("history:")
         for e in doc["history"]:
@@ -65,7 +77,8 @@ def _summary(kind: str, data: dict[str, Any]) -> str:
         return f"#{data['position']}: {data['reason']}"
     if kind in ("worker.started", "worker.exited"):
         code = f" exit {data['exit_code']}" if "exit_code" in data else ""
-        return f"attempt {data['attempt']} rank {data['rank']}{code}"
+        why = f": {data['reason']}" if data.get("reason") else ""
+        return f"attempt {data['attempt']} rank {data['rank']}{code}{why}"
     if kind == "job.preempted":
         return f"by {data['preemptor']} (grace {data['grace_s']} s)"
     return data.get("reason", "") if isinstance(data, dict) else ""

@@ -394,6 +394,8 @@ class WorkerExitedData(Frozen):
     attempt: int = Field(ge=1)
     rank: int = Field(ge=0)
     exit_code: int = Field(description="negative: killed by that signal")
+    reason: str | None = Field(default=None, description="why, when the driver knows "
+                               "(e.g. 'command not found: X', exit 127)")
 
 
 class WorkerExited(Event):

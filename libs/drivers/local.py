@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import shutil
 import signal
 import socket
 import sys
@@ -144,13 +145,20 @@ class LocalDriver:
             exit_file = self._exit_file(job, attempt, slot.rank)
             self._intent_file(job, attempt, slot.rank).write_text(f"{time.time()}\n")
             pid_dir = self.state_dir / "pids" / slot.node
-            with (run_dir / f"rank-{slot.rank}.log").open("ab") as log_file:
+            env = self._env(job, attempt, spec, slot, len(slots), port)
+            cwd = spec.workdir or os.getcwd()
+            log_path = run_dir / f"rank-{slot.rank}.log"
+            unrunnable = cannot_run(self._argv(spec), cwd, env.get("PATH", os.defpath))
+            if unrunnable is not None:
+                await self._refuse(job, attempt, slot, log_path, *unrunnable)
+                continue
+            with log_path.open("ab") as log_file:
                 proc = await asyncio.create_subprocess_exec(
                     sys.executable, "-m", "libs.drivers.local_worker", str(exit_file),
                     str(pid_dir), f"{job} {attempt} {slot.rank}", "--",
                     *self._argv(spec),
-                    cwd=spec.workdir or os.getcwd(),
-                    env=self._env(job, attempt, spec, slot, len(slots), port),
+                    cwd=cwd,
+                    env=env,
                     stdin=asyncio.subprocess.DEVNULL,
                     stdout=log_file,
                     stderr=asyncio.subprocess.STDOUT,
@@ -165,6 +173,22 @@ class LocalDriver:
             self._log.info("worker started", job=job, node=slot.node, rank=slot.rank, pid=proc.pid)
             await self._announce_start(worker)
             worker.watcher = asyncio.create_task(self._watch(worker))
+
+    async def _refuse(self, job: str, attempt: int, slot: WorkerSlot, log_path: Path,
+                      code: int, reason: str) -> None:
+        """A rank that cannot start (its executable or workdir is missing)
+        ends at once with the shell's code (127, 126) and says why: in its
+        log, in the exit file (a relaunch sees the rank ran) and in the event."""
+        with log_path.open("a") as log_file:
+            log_file.write(f"primus-safe local driver: {reason} (exit {code})\n")
+        write_exit(self._exit_file(job, attempt, slot.rank), code)
+        self._log.warning("worker cannot start", job=job, node=slot.node, rank=slot.rank,
+                          exit_code=code, reason=reason, log=str(log_path))
+        await self._emit(WorkerExited(
+            id=f"{job}-a{attempt}-r{slot.rank}-exited", source=self.source, job=job,
+            node=slot.node,
+            data=WorkerExitedData(attempt=attempt, rank=slot.rank, exit_code=code,
+                                  reason=reason)))
 
     async def adopt(self) -> int:
         """After a restart: watch the workers a previous driver started (their
@@ -279,6 +303,25 @@ class LocalDriver:
                 if worker.watcher is not None:
                     worker.watcher.cancel()
         self._workers.clear()
+
+
+def cannot_run(argv: list[str], cwd: str, path: str) -> tuple[int, str] | None:
+    """Why ``argv`` cannot start in ``cwd`` with this PATH, as a shell would
+    say it (exit code, reason), or None when it can (pure but for the file
+    system look-up). A relative executable with a slash is taken from ``cwd``."""
+    if not Path(cwd).is_dir():
+        return 127, f"workdir not found: {cwd}"
+    head = argv[0]
+    if "/" in head:
+        exe = Path(cwd, head)
+        if not exe.exists():
+            return 127, f"command not found: {head} (no {exe})"
+        if exe.is_dir() or not os.access(exe, os.X_OK):
+            return 126, f"command not executable: {head} ({exe})"
+        return None
+    if shutil.which(head, path=path) is None:
+        return 127, f"command not found: {head} (not on PATH)"
+    return None
 
 
 def _alive(pid: int) -> bool:
