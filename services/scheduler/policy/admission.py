@@ -74,8 +74,9 @@ class _Model:
 @dataclass(slots=True)
 class Fleet:
     """The registered nodes summarised for admission: per (pool, model) the
-    GPU counts of its nodes, per rack too. Built once per cycle; answers
-    are cached per job shape, so 10,000 queued jobs cost little."""
+    GPU counts of its nodes, per rack too. The shell keeps one until a node
+    registers (node states do not change what a job can ever get); answers
+    are cached per job shape, so screening 10,000 queued jobs costs little."""
 
     capacity: PoolCapacity = field(default_factory=dict)
     boards: dict[str, int] = field(default_factory=dict)  # model -> largest node's GPUs
