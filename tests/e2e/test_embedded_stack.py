@@ -73,7 +73,9 @@ async def _thin_path(stack: EmbeddedStack, tmp_path: Path) -> None:
         await poll(all_ready, "nodes to be ready")
         job_file = tmp_path / "job.yaml"
         job_file.write_text("name: e2e\nworkers: 2\ngpus_per_worker: 1\ncheckpoint_interval: 20\n"
-                            "command: [python, examples/train_tiny.py, --iterations, '40']\n")
+                            "command: [python, examples/train_tiny.py, --iterations, '40']\n"
+                            # relative paths mean the job file's dir: this one is elsewhere
+                            f"workdir: {ROOT}\n")
         submitted = await asyncio.to_thread(run_cli, "submit", str(job_file), env=env)
         assert submitted.returncode == 0, submitted.stderr
         job = submitted.stdout.strip()

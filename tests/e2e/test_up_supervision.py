@@ -163,6 +163,23 @@ def test_up_restarts_what_dies_owns_its_dir_and_cleans_after_a_dead_owner(
         worker, worker_node = int(worker_file.name), worker_file.parent.name
         other = next(n for n in info.nodes if n != worker_node)
 
+        # A missing executable: exit 127, "command not found", the log shown by explain.
+        missing = tmp_path / "missing.yaml"
+        missing.write_text("name: nf\nworkers: 1\ngpus_per_worker: 1\nmax_retry: 0\n"
+                           "command: [no-such-trainer-x1, --fast]\n")
+        out = run_cli("submit", str(missing), env=env, timeout=30)
+        assert out.returncode == 0, out.stderr
+        nf = out.stdout.strip()
+
+        def explained() -> str | None:
+            shown = run_cli("explain", nf, env=env, timeout=30)
+            said = "command not found: no-such-trainer-x1" in shown.stdout
+            return shown.stdout if said and "failed" in shown.stdout else None
+        text = str(wait_until(explained, "explain to show the missing command", 60))
+        assert "exit 127" in text and "exited with code 127" in text, text
+        log = state.resolve() / "jobs" / nf / "attempt-1" / "rank-0.log"
+        assert f"worker logs: {log}" in text and "command not found" in log.read_text()
+
         for name in ("scheduler", f"agent-{other}"):
             old = stack(state).children[name].pid
             kill_group(old)
