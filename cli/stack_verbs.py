@@ -22,7 +22,7 @@ from rich.console import Console
 from cli.client import CliError, connect, lens_query, read_bucket, submit
 from libs.bus import Bus
 from libs.embedded import EmbeddedStack, StackBusy, StackFileError
-from libs.events import NodeHeartbeat, parse_event
+from libs.events import SUBJECT_ROOT, NodeHeartbeat, parse_event
 from libs.logs import configure
 from libs.sdk import latest_complete_checkpoint
 from libs.settings import Settings
@@ -101,7 +101,7 @@ async def _wait_nodes_ready(stack: EmbeddedStack, timeout_s: float,
             if isinstance(event, NodeHeartbeat):
                 beating.add((event.node, event.data.pid))
 
-    sub = await bus.nc.subscribe("safe.node.*.heartbeat", cb=on_beat)
+    sub = await bus.nc.subscribe(f"{SUBJECT_ROOT}.node.*.heartbeat", cb=on_beat)
     try:
         def live() -> set[str]:
             return {n for n in stack.node_names if (n, stack.procs[f"agent-{n}"].pid) in beating}
