@@ -18,6 +18,7 @@ restart is logged and counted. The backoff itself is a pure decision
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import secrets
@@ -30,6 +31,7 @@ import time
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import IO
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
@@ -156,6 +158,37 @@ def write_stack_file(path: Path, info: StackInfo) -> None:
     os.replace(tmp, path)
 
 
+LOCK_FILE = "up.lock"
+
+
+def _busy(state_dir: Path, info: StackInfo | None) -> StackBusy:
+    if info is None:
+        return StackBusy(f"a stack is starting in {state_dir} (another process holds "
+                         f"{state_dir / LOCK_FILE}); wait for it, or use another --state-dir")
+    return StackBusy(
+        f"a stack already runs here ({state_dir}): pid {info.pid}, started at "
+        f"{info.started_at or 'an unknown time'}; stop it with `kill {info.pid}` (or Ctrl-C "
+        f"in its shell), or use another --state-dir")
+
+
+def lock_state_dir(state_dir: Path) -> IO[str]:
+    """Hold ``up.lock`` for as long as the stack lives: the kernel drops the
+    lock with its owner however it dies, so two `up`s that start together
+    cannot both own the directory. Returns the open file (close to release)."""
+    state_dir.mkdir(parents=True, exist_ok=True)
+    handle = (state_dir / LOCK_FILE).open("a+")
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.close()
+        try:
+            info = read_stack_file(state_dir / STACK_FILE)
+        except StackFileError:
+            info = None
+        raise _busy(state_dir, info) from None
+    return handle
+
+
 def claim_state_dir(state_dir: Path) -> list[int]:
     """Make ``state_dir`` ours: refuse (StackBusy) when a live stack owns it;
     after a dead owner, kill the children it recorded and the training workers
@@ -165,10 +198,7 @@ def claim_state_dir(state_dir: Path) -> list[int]:
     if info is None:
         return []
     if info.pid != os.getpid() and is_running(info.pid, info.pid_start):
-        raise StackBusy(
-            f"a stack already runs here ({state_dir}): pid {info.pid}, started at "
-            f"{info.started_at or 'an unknown time'}; stop it with `kill {info.pid}` (or Ctrl-C "
-            f"in its shell), or use another --state-dir")
+        raise _busy(state_dir, info)
     killed = []
     for child in info.children.values():
         if child.pid != os.getpid() and is_running(child.pid, child.start):
@@ -265,6 +295,7 @@ class EmbeddedStack:
     restarts: dict[str, Restarts] = field(default_factory=dict)  # what supervise() knows
     cleaned: list[int] = field(default_factory=list)  # pids of a dead owner's stack, killed
     started_at: str = ""
+    lock: IO[str] | None = None  # up.lock, held while the stack lives
 
     def __post_init__(self) -> None:
         self.state_dir = self.state_dir.resolve()
@@ -308,8 +339,12 @@ class EmbeddedStack:
         one's leftovers are killed), then start nats-server, the services and
         the node agents, recording every pid in stack.json."""
         assert self.hosts is not None
-        self.state_dir.mkdir(parents=True, exist_ok=True)
-        self.cleaned = claim_state_dir(self.state_dir)
+        self.lock = lock_state_dir(self.state_dir)
+        try:
+            self.cleaned = claim_state_dir(self.state_dir)
+        except BaseException:
+            self.lock.close()
+            raise
         if self.cleaned:
             get_logger(component="embedded").warning(
                 "cleaned up after a dead stack", state_dir=str(self.state_dir),
@@ -453,4 +488,7 @@ class EmbeddedStack:
             self.nats.stop()
         with contextlib.suppress(FileNotFoundError):
             (self.state_dir / STACK_FILE).unlink()
+        if self.lock is not None:
+            self.lock.close()  # last: the directory is free once stack.json is gone
+            self.lock = None
         return codes

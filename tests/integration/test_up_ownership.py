@@ -26,6 +26,7 @@ from libs.embedded import (
     StackFileError,
     StackInfo,
     claim_state_dir,
+    lock_state_dir,
     on_exit,
     on_restart,
     process_start,
@@ -34,7 +35,7 @@ from libs.embedded import (
 )
 from libs.events import Event, JobSpec, WorkerExited, WorkerSlot
 from libs.specs import load_model
-from tests.helpers import run_cli
+from tests.helpers import ROOT, run_cli
 
 # --------------------------------------------------------------------------- restart policy
 
@@ -162,6 +163,28 @@ def test_a_dead_owners_children_and_workers_are_killed(tmp_path: Path) -> None:
         for proc in (*children.values(), worker):
             proc.kill()
             proc.wait()
+
+
+def test_two_ups_starting_together_cannot_both_own_the_dir(tmp_path: Path) -> None:
+    """The lock, not only stack.json: the other `up` may not have written it yet."""
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time; from pathlib import Path; "
+         "from libs.embedded import lock_state_dir; h = lock_state_dir(Path(sys.argv[1])); "
+         "print('locked', flush=True); time.sleep(60)", str(tmp_path)],
+        stdout=subprocess.PIPE, text=True, cwd=ROOT)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "locked"
+        with pytest.raises(StackBusy, match="a stack is starting in"):
+            lock_state_dir(tmp_path)
+        write_stack_file(tmp_path / STACK_FILE, _info(holder.pid))
+        with pytest.raises(StackBusy, match=f"pid {holder.pid}"):
+            lock_state_dir(tmp_path)
+        holder.kill()  # however it dies, the kernel drops its lock
+        holder.wait()
+        lock_state_dir(tmp_path).close()
+    finally:
+        holder.kill()
+        holder.wait()
 
 
 def test_a_reused_pid_is_not_killed(tmp_path: Path) -> None:
