@@ -21,7 +21,13 @@ from rich.console import Console
 
 from cli.client import CliError, connect, lens_query, read_bucket, submit
 from libs.bus import Bus
-from libs.embedded import EmbeddedStack, StackBusy, StackFileError
+from libs.embedded import (
+    EmbeddedStack,
+    StackBusy,
+    StackFileError,
+    claim_state_dir,
+    lock_state_dir,
+)
 from libs.events import SUBJECT_ROOT, NodeHeartbeat, parse_event
 from libs.logs import configure
 from libs.sdk import latest_complete_checkpoint
@@ -138,7 +144,16 @@ async def _stack_bus(stack: EmbeddedStack) -> Bus:
 def demo(args: argparse.Namespace) -> int:
     state = _state_dir(args, ".primus/demo")
     if state.exists():
-        shutil.rmtree(state)  # a demo starts from nothing
+        # A demo starts from nothing, but never under a live stack: refuse
+        # then, and kill what a dead one left before wiping its directory.
+        try:
+            # A corrupt stack.json here is wiped: the lock says no one owns it.
+            with contextlib.closing(lock_state_dir(state)), \
+                    contextlib.suppress(StackFileError):
+                claim_state_dir(state)
+        except StackBusy as exc:
+            raise CliError(str(exc)) from None
+        shutil.rmtree(state)
     stack = EmbeddedStack(state, nodes=args.nodes)
     os.environ["PRIMUS_STATE_DIR"] = str(state)
     os.environ.pop("PRIMUS_NATS_URL", None)

@@ -187,6 +187,19 @@ def test_two_ups_starting_together_cannot_both_own_the_dir(tmp_path: Path) -> No
         holder.wait()
 
 
+def test_demo_does_not_wipe_a_live_stacks_dir(tmp_path: Path, cli_env: dict[str, str]) -> None:
+    owner = _sleeper()
+    try:
+        write_stack_file(tmp_path / STACK_FILE, _info(owner.pid))
+        (tmp_path / "keep").write_text("x")
+        out = run_cli("demo", "--state-dir", str(tmp_path), env=cli_env, timeout=30)
+        assert out.returncode == 1 and f"pid {owner.pid}" in out.stderr
+        assert (tmp_path / "keep").exists() and owner.poll() is None
+    finally:
+        owner.kill()
+        owner.wait()
+
+
 def test_a_reused_pid_is_not_killed(tmp_path: Path) -> None:
     """The recorded start time must match: a pid the kernel gave to another
     process since the stack died is left alone."""
