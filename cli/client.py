@@ -56,23 +56,48 @@ def find_bus(settings: Settings) -> tuple[str, str | None, str]:
     return info.nats_url, info.nats_token, f"{path}{owner}"
 
 
-def _unreachable(url: str) -> str | None:
-    """Why nothing answers at ``url`` (refused, no route), or None when a
-    TCP connection works: a quick probe so the error has a reason."""
+def _refusal(url: str, token: str | None, auth: dict[str, Any]) -> str | None:
+    """Why the NATS server at ``url`` will not take us (refused, silent, not
+    NATS, a wrong token), or None when it would: one quick handshake in plain
+    NATS protocol, because a failing first Bus.connect only says it timed
+    out. Over TLS only Bus.connect can tell, so it is left to it."""
     parts = urlsplit(url if "://" in url else f"nats://{url}")
+    host, port = parts.hostname or "127.0.0.1", parts.port or 4222
+    probe_s = CONNECT_TIMEOUT_S / 2
     try:
-        with socket.create_connection((parts.hostname or "127.0.0.1", parts.port or 4222),
-                                      timeout=CONNECT_TIMEOUT_S / 2):
+        with socket.create_connection((host, port), timeout=probe_s) as sock:
+            sock.settimeout(probe_s)
+            reader = sock.makefile("rb")
+            line = reader.readline()
+            if not line.startswith(b"INFO "):
+                return f"{host}:{port} answers but is not a NATS server"
+            if json.loads(line[5:]).get("tls_required") or auth.get("tls_ca") \
+                    or auth.get("tls_cert"):
+                return None
+            hello: dict[str, Any] = {"verbose": False, "pedantic": False, "name": "cli-probe"}
+            if token:
+                hello["auth_token"] = token
+            user, password = auth.get("user") or parts.username, auth.get("password")
+            if user:
+                hello |= {"user": user, "pass": password or parts.password or ""}
+            sock.sendall(b"CONNECT " + json.dumps(hello).encode() + b"\r\nPING\r\n")
+            answer = reader.readline().decode(errors="replace").strip()
+            if answer.startswith("-ERR"):
+                return f"the server says {answer[4:].strip()}"
             return None
+    except TimeoutError:
+        return f"no answer within {probe_s} s"
     except OSError as exc:
         return exc.strerror or str(exc) or type(exc).__name__
+    except ValueError:
+        return f"{host}:{port} answers but is not a NATS server"
 
 
 async def connect(settings: Settings) -> Bus:
     """A bus connection for a CLI verb, or one CliError line within ~2 s
     saying where the CLI looked and why it failed."""
     url, token, where = find_bus(settings)
-    reason = _unreachable(url.split(",")[0])
+    reason = _refusal(url.split(",")[0], token, settings.nats_auth)
     if reason is None:
         try:
             return await Bus.connect(url, "cli", token=token, timeout_s=CONNECT_TIMEOUT_S,
@@ -81,8 +106,10 @@ async def connect(settings: Settings) -> Bus:
             reason = str(exc.__cause__ or "") or f"no NATS handshake within {CONNECT_TIMEOUT_S} s"
             if "TLS" in str(exc):
                 reason = str(exc)
-    raise CliError(f"cannot reach the bus at {url} ({reason}); looked at {where}. Start the "
-                   f"stack with `primus-safe up` or set PRIMUS_NATS_URL")
+    fix = ("set PRIMUS_NATS_TOKEN (or PRIMUS_NATS_USER and PRIMUS_NATS_PASSWORD) to what the "
+           "server expects" if "the server says" in reason else
+           "start the stack with `primus-safe up` or set PRIMUS_NATS_URL")
+    raise CliError(f"cannot reach the bus at {url} ({reason}); looked at {where}; {fix}")
 
 
 async def read_bucket(bus: Bus, bucket: str, *, missing_ok: bool = False) -> list[dict[str, Any]]:

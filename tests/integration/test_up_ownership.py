@@ -20,6 +20,7 @@ from libs.drivers.local import LocalDriver, cannot_run
 from libs.embedded import (
     STACK_FILE,
     ChildRecord,
+    NatsServer,
     RestartPolicy,
     Restarts,
     StackBusy,
@@ -254,6 +255,22 @@ def test_submit_names_a_stack_whose_up_is_dead(tmp_path: Path, cli_env: dict[str
     out = run_cli("jobs", env=cli_env, timeout=20)
     assert out.returncode == 1 and out.stdout == ""
     assert "is no longer running" in out.stderr and str(2 ** 22 + 1) in out.stderr
+
+
+def test_a_wrong_token_is_named_as_the_reason(tmp_path: Path, cli_env: dict[str, str]) -> None:
+    server = NatsServer(tmp_path / "nats", token="right").start()
+    try:
+        state = Path(cli_env["PRIMUS_STATE_DIR"])
+        state.mkdir()
+        write_stack_file(state / STACK_FILE, StackInfo(nats_url=server.url, nats_token="wrong",
+                                                       pid=os.getpid()))
+        t0 = time.monotonic()
+        out = run_cli("jobs", env=cli_env, timeout=20)
+        assert out.returncode == 1 and out.stdout == "" and time.monotonic() - t0 < 3.5
+        assert "Authorization Violation" in out.stderr and str(state / STACK_FILE) in out.stderr
+        assert len(out.stderr.strip().splitlines()) == 1
+    finally:
+        server.stop()
 
 
 # --------------------------------------------------------------------------- job file paths
