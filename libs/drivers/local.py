@@ -10,6 +10,11 @@ WORLD_SIZE, RANK, LOCAL_RANK) plus the PRIMUS_* variables the training SDK
 reads. Each worker runs in its own session (process group), its pid is kept in
 ``<state>/pids/<node>/`` so a whole "node" can be killed for fault tests and
 leftovers can be reaped after a crash.
+
+A rank whose executable (or workdir) does not exist never starts: it ends at
+once with the shell's code, 127 and "command not found: X" (126 when the file
+is not executable), in its log and in its ``worker.exited`` event, instead of
+a supervisor that dies with a traceback and reads as killed (-9).
 """
 
 from __future__ import annotations
