@@ -66,9 +66,10 @@ def up(args: argparse.Namespace) -> int:
                               f"killed pids {', '.join(map(str, stack.cleaned))}")
             ready = asyncio.run(_wait_nodes_ready(stack, timeout_s=120, stop=lambda: stop))
         assert stack.nats is not None
-        console.print(f"[green]up[/]: {ready} nodes ready; bus {stack.nats.url}; "
-                      f"state {stack.state_dir}. In another shell: primus-safe submit "
-                      "examples/job.yaml; primus-safe jobs. Ctrl-C stops.")
+        if not stop:
+            console.print(f"[green]up[/]: {ready} nodes ready; bus {stack.nats.url}; "
+                          f"state {stack.state_dir}. In another shell: primus-safe submit "
+                          "examples/job.yaml; primus-safe jobs. Ctrl-C stops.")
         while not stop:
             time.sleep(0.5)
             for name in stack.supervise():
@@ -97,7 +98,7 @@ async def _wait_nodes_ready(stack: EmbeddedStack, timeout_s: float,
     """Wait until every node is ready *and alive now*: its KV record says
     ready and its agent, the process this stack started, has sent a heartbeat
     (the heartbeat carries the agent's pid). KV state alone may be a previous
-    run's. Returns how many nodes are ready."""
+    run's. Returns how many nodes are ready, -1 when ``stop`` said to stop."""
     bus = await _stack_bus(stack)
     beating: set[tuple[str, int]] = set()
 
@@ -114,7 +115,7 @@ async def _wait_nodes_ready(stack: EmbeddedStack, timeout_s: float,
 
         async def ready() -> int:
             if stop():
-                raise CliError("stopped before the nodes were ready")
+                return -1  # Ctrl-C while starting: up stops, no error
             stack.supervise()  # a child that dies while we wait is restarted too
             nodes = {n["spec"]["name"]: n["state"] for n in
                      await read_bucket(bus, "nodes", missing_ok=True)}

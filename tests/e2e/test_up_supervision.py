@@ -243,3 +243,22 @@ def test_up_restarts_what_dies_owns_its_dir_and_cleans_after_a_dead_owner(
         for child in (leftover.children.values() if leftover else []):
             if alive(child.pid):
                 kill_group(child.pid)
+
+
+def test_up_stopped_while_starting_leaves_nothing(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PRIMUS_")}
+    env.update(PRIMUS_STATE_DIR=str(state), OMP_NUM_THREADS="1")
+    up = Up(env)
+    try:
+        info = wait_until(lambda: (state / STACK_FILE).exists() and len(
+            stack(state).children) > 2 and stack(state), "up to start its children", 30)
+        up.proc.send_signal(signal.SIGTERM)  # before any node is ready
+        assert up.proc.wait(60) == 0, up.text()[-3000:]
+        assert "nodes ready" not in up.text() and "Traceback" not in up.text()
+        assert not (state / STACK_FILE).exists()
+        for child in info.children.values():  # type: ignore[union-attr]
+            assert not alive(child.pid), child
+    finally:
+        if up.proc.poll() is None:
+            kill_group(up.proc.pid)
