@@ -253,8 +253,12 @@ class NatsServer:
         if self.token:
             args += ["--auth", self.token]
         out = log_path.open("ab") if log_path else subprocess.DEVNULL
-        self.proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT,
-                                     start_new_session=True)
+        try:
+            self.proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT,
+                                         start_new_session=True)
+        finally:
+            if not isinstance(out, int):
+                out.close()  # the child has its own copy; a restart must not leak one
         wait_for_port(self.port)
         return self
 
@@ -412,6 +416,8 @@ class EmbeddedStack:
                 else:
                     self.spawn(name, *self.args[name])
             except (OSError, TimeoutError) as exc:  # e.g. its port was taken meanwhile
+                if name == NATS:
+                    self.nats.kill()  # not listening: it must not linger into the next try
                 self.restarts[name] = on_exit(on_restart(state, now=now), now=now,
                                               policy=self.policy)
                 log.error("restart failed", child=name, error=str(exc))
