@@ -7,8 +7,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, TypeVar
 
-import yaml
 from pydantic import BaseModel, ValidationError
+
+from libs import yaml_files
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -22,20 +23,6 @@ class SpecError(Exception):
         super().__init__(
             f"{path}: {len(problems)} problem(s)\n" + "\n".join(f"  - {p}" for p in problems)
         )
-
-
-def _line_map(node: yaml.Node, prefix: tuple[Any, ...] = ()) -> dict[tuple[Any, ...], int]:
-    """Map each key path in a YAML document to its 1-based line."""
-    lines = {prefix: node.start_mark.line + 1}
-    if isinstance(node, yaml.MappingNode):
-        for key, value in node.value:
-            path = (*prefix, key.value)
-            lines[path] = key.start_mark.line + 1
-            lines.update({k: v for k, v in _line_map(value, path).items() if k != path})
-    elif isinstance(node, yaml.SequenceNode):
-        for i, item in enumerate(node.value):
-            lines.update(_line_map(item, (*prefix, i)))
-    return lines
 
 
 _HINTS = {
@@ -71,26 +58,16 @@ def format_validation(exc: ValidationError, lines: dict[tuple[Any, ...], int]) -
 
 
 def load_model(path: str | Path, model: type[M]) -> M:
-    """Read ``path`` as YAML and validate it as ``model``; raises SpecError."""
+    """Read ``path`` as YAML (through libs.yaml_files: bounded, UTF-8, no
+    duplicate keys) and validate it as ``model``; raises SpecError."""
     path = Path(path)
     try:
-        text = path.read_text()
-    except OSError as exc:
-        raise SpecError(path, [f"cannot read the file: {exc.strerror}"]) from None
-    try:
-        node = yaml.compose(text)
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
-        problem = getattr(exc, "problem", None) or str(exc)
-        raise SpecError(
-            path, [f"{where}not valid YAML ({problem}); check indentation and quotes"]
-        ) from None
-    if not isinstance(data, dict):
+        doc = yaml_files.load(path)
+    except yaml_files.YamlFileError as exc:
+        raise SpecError(path, exc.problems) from None
+    if not isinstance(doc.data, dict):
         raise SpecError(path, ["the file must be a YAML mapping (key: value lines) at the top"])
     try:
-        return model.model_validate(data)
+        return model.model_validate(doc.data)
     except ValidationError as exc:
-        lines = _line_map(node) if node is not None else {}
-        raise SpecError(path, format_validation(exc, lines)) from None
+        raise SpecError(path, format_validation(exc, doc.lines)) from None
