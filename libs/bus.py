@@ -261,9 +261,12 @@ class Bus:
                 allow_reconnect=True,
             ), timeout_s)
         except (nats.errors.NoServersError, OSError, TimeoutError) as exc:
+            # The server's own word (a wrong token: Authorization Violation)
+            # says more than the client's "no servers available".
+            why = link.reason if link.reason and link.reason not in str(exc) else ""
             raise ConnectionError(
-                f"cannot reach NATS at {url}: {exc}; start it (primus-safe up) "
-                "or set PRIMUS_NATS_URL"
+                f"cannot reach NATS at {url}: {exc}{f' ({why})' if why else ''}; "
+                "start it (primus-safe up) or set PRIMUS_NATS_URL"
             ) from exc
         link.state, link.reason = "connected", ""
         # The hot consumer's lean connection (libs.natsfast) speaks plain TCP

@@ -38,7 +38,14 @@ def main(argv: list[str]) -> int:
     exit_file, pid_dir, tag, command = Path(argv[0]), Path(argv[1]), argv[2], argv[4:]
     pid_dir.mkdir(parents=True, exist_ok=True)
     write_atomic(pid_dir / str(os.getpid()), f"{tag}\n")
-    child = subprocess.Popen(command)
+    try:
+        child = subprocess.Popen(command)
+    except OSError as exc:  # gone (or changed) since the driver checked: a shell's codes
+        code = 126 if isinstance(exc, PermissionError) else 127
+        print(f"{'cannot run' if code == 126 else 'command not found'}: {command[0]} ({exc})",
+              file=sys.stderr)
+        write_exit(exit_file, code)
+        return 1
 
     def forward(signum: int, _frame: object) -> None:
         if child.poll() is None:

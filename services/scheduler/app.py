@@ -287,8 +287,9 @@ class Scheduler:
             if event.data.exit_code != 0:
                 job.retries += 1
                 after: AfterStop = "fail" if job.retries > job.spec.max_retry else "requeue"
+                why = f" ({event.data.reason})" if event.data.reason else ""
                 await self._stop_gang(job, after, f"rank {event.data.rank} on {event.node} "
-                                                  f"exited with code {event.data.exit_code}",
+                                                  f"exited with code {event.data.exit_code}{why}",
                                       grace_s=BROKEN_GANG_GRACE_S)
             elif len(job.exits) == len(job.slots):
                 job.status, job.reason = "completed", ""
