@@ -13,6 +13,7 @@ Compatibility rule: adding an optional field is fine; anything else is a new
 from __future__ import annotations
 
 import json
+import math
 import re
 import uuid
 from datetime import UTC, datetime
@@ -29,6 +30,7 @@ from pydantic import (
     model_serializer,
     model_validator,
 )
+from pydantic_core import InitErrorDetails, PydanticCustomError
 
 # Node names and job ids become NATS subject tokens, so they may not contain
 # dots, wildcards or whitespace.
@@ -272,10 +274,22 @@ class BenchResult(Event):
 # --------------------------------------------------------------------------- job
 
 
+# A job's name is a lower-case RFC 1123 label (what Kubernetes accepts as a
+# name, and safe as a NATS subject token): the job id is built from it.
+JOB_NAME_PATTERN = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"
+_JOB_NAME_RE = re.compile(JOB_NAME_PATTERN)
+_ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# The NATS server's default max_payload is 1 MiB; job.submitted and the job's
+# record carry the whole spec plus their own fields, so the spec gets half.
+NATS_MAX_PAYLOAD = 1024 * 1024
+MAX_SPEC_BYTES = NATS_MAX_PAYLOAD // 2
+
+
 class JobSpec(Frozen):
     """What a user asks for (the body of job.yaml)."""
 
-    name: str
+    name: str = Field(description="a lower-case RFC 1123 label: a-z, 0-9 and '-', "
+                      "starting and ending with a letter or digit, at most 63 characters")
     workers: int = Field(ge=1, le=4096)
     gpus_per_worker: int = Field(default=0, ge=0, le=64)
     command: list[str] = Field(min_length=1)
@@ -293,6 +307,61 @@ class JobSpec(Frozen):
         default="node", description="a unit never straddles this boundary")
     expected_runtime_s: float | None = Field(
         default=None, gt=0, description="an estimate; lets the job backfill into held capacity")
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, value: str) -> str:
+        if not _JOB_NAME_RE.match(value):
+            raise ValueError(
+                f"job name {value[:80]!r} is not a lower-case RFC 1123 label: use a-z, 0-9 "
+                "and '-', starting and ending with a letter or digit, at most 63 characters "
+                "(e.g. llama-70b-pretrain)")
+        return value
+
+    @field_validator("workspace")
+    @classmethod
+    def _workspace(cls, value: str) -> str:
+        return check_key(value, "workspace")
+
+    @field_validator("env")
+    @classmethod
+    def _env(cls, value: dict[str, str]) -> dict[str, str]:
+        for key, text in value.items():
+            if not _ENV_NAME_RE.match(key):
+                raise ValueError(f"environment variable name {key[:80]!r} is not valid: use "
+                                 "letters, digits and '_', not starting with a digit")
+            if "\0" in text:
+                raise ValueError(f"env {key}: a value cannot contain a NUL character")
+        return value
+
+    @field_validator("command")
+    @classmethod
+    def _command(cls, value: list[str]) -> list[str]:
+        if any("\0" in part for part in value):
+            raise ValueError("a command argument cannot contain a NUL character")
+        return value
+
+    @field_validator("min_runtime_s", "expected_runtime_s")
+    @classmethod
+    def _finite(cls, value: float | None) -> float | None:
+        if value is not None and not math.isfinite(value):
+            raise ValueError("write a finite number of seconds")
+        return value
+
+    @model_validator(mode="after")
+    def _fits_a_message(self) -> JobSpec:
+        size = len(self.model_dump_json())
+        if size > MAX_SPEC_BYTES:
+            sizes = {"env": len(json.dumps(self.env)), "command": len(json.dumps(self.command))}
+            field = max(sizes, key=lambda k: sizes[k])
+            raise ValidationError.from_exception_data("JobSpec", [InitErrorDetails(
+                type=PydanticCustomError("too_large", "{message}", {"message": (
+                    f"the job is {size / 1024:.0f} KiB as JSON, over the {MAX_SPEC_BYTES // 1024} "
+                    f"KiB limit for a job (it travels in one NATS message, at most "
+                    f"{NATS_MAX_PAYLOAD // 1024} KiB by default); put large settings in a file "
+                    f"the job reads")}),
+                loc=(field,), input=None)])
+        return self
 
 
 class JobSubmittedData(Frozen):
