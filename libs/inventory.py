@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import re
 from collections import defaultdict
 from typing import Any, Literal
 
@@ -25,6 +26,49 @@ from libs.events import Frozen, check_key
 KNOWN_GPU_MODELS = ("MI300X", "MI325X", "MI250X", "MI210", "H100", "H200", "A100", "cpu")
 
 Role = Literal["control-plane", "etcd", "worker"]
+
+
+def normal_ip(value: str) -> str:
+    """An address a node can be reached at, in normal form (pure): IPv6
+    compressed and lower-case, IPv4-mapped IPv6 as plain IPv4, so two
+    spellings of one address compare equal. Raises ValueError with the fix."""
+    try:
+        ip = ipaddress.ip_address(value.strip())
+    except ValueError:
+        raise ValueError(f"{value[:80]!r} is not an IP address (write e.g. 10.0.0.7)") from None
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    why = ("the unspecified address" if ip.is_unspecified else "a multicast address"
+           if ip.is_multicast else "a broadcast or reserved address"
+           if isinstance(ip, ipaddress.IPv4Address) and ip.is_reserved else "")
+    if why:
+        raise ValueError(f"{ip} is {why}: no node can be reached there; "
+                         "write the node's own address (e.g. 10.0.0.7)")
+    return str(ip)
+
+
+_PEM = re.compile(r"-----BEGIN [A-Z0-9 ]*-----|PRIVATE KEY")
+# A key reference is a path on the bootstrap host, or secret:NAME for a
+# Kubernetes Secret (a DNS subdomain); either is one line, no spaces.
+_SECRET_REF = re.compile(r"^secret:[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
+_KEY_PATH = re.compile(r"^[^\s:]+$")
+
+
+def looks_like_a_key(text: str) -> bool:
+    """Whether ``text`` holds key material itself (a PEM block) (pure)."""
+    return bool(_PEM.search(text))
+
+
+def check_key_reference(value: str) -> str:
+    """A reference to an SSH private key, never the key (pure)."""
+    fix = ("give a path on the bootstrap host (e.g. /etc/primus/ssh/id_ed25519) or a "
+           "Kubernetes Secret as secret:NAME")
+    if looks_like_a_key(value) or "\n" in value:
+        raise ValueError(f"holds a private key itself; keys are never written in the hosts "
+                         f"file (it is copied into the inventory): {fix}")
+    if not (_SECRET_REF.match(value) or _KEY_PATH.match(value)) or len(value) > 4096:
+        raise ValueError(f"{value[:80]!r} is neither a file path nor secret:NAME; {fix}")
+    return value
 
 
 class HostSpec(Frozen):
@@ -47,10 +91,20 @@ class HostSpec(Frozen):
     @field_validator("ip")
     @classmethod
     def _ip(cls, value: str) -> str:
-        try:
-            ipaddress.ip_address(value)
-        except ValueError:
-            raise ValueError(f"{value!r} is not an IP address (write e.g. 10.0.0.7)") from None
+        return normal_ip(value)
+
+    @field_validator("ssh_key")
+    @classmethod
+    def _ssh_key(cls, value: str | None) -> str | None:
+        return None if value is None else check_key_reference(value)
+
+    @field_validator("labels")
+    @classmethod
+    def _labels(cls, value: dict[str, str]) -> dict[str, str]:
+        for key, text in value.items():
+            if looks_like_a_key(text):
+                raise ValueError(f"label {key[:63]!r} holds a private key; labels are "
+                                 "published on every node, never put a secret there")
         return value
 
     @field_validator("gpu_model")
@@ -75,10 +129,24 @@ class KubernetesSettings(Frozen):
     @classmethod
     def _cidr(cls, value: str) -> str:
         try:
-            ipaddress.ip_network(value)
-        except ValueError:
-            raise ValueError(f"{value!r} is not a network (write e.g. 10.233.64.0/18)") from None
-        return value
+            net = ipaddress.ip_network(value.strip())
+        except ValueError as exc:
+            hint = ("the address has bits set past the prefix: write the network's first "
+                    "address" if "host bits" in str(exc) else "write e.g. 10.233.64.0/18")
+            raise ValueError(f"{value[:80]!r} is not a network ({hint})") from None
+        return str(net)
+
+    @model_validator(mode="after")
+    def _one_family(self) -> KubernetesSettings:
+        pods, services = (ipaddress.ip_network(self.pod_cidr),
+                          ipaddress.ip_network(self.service_cidr))
+        if pods.version != services.version:
+            raise ValidationError.from_exception_data("KubernetesSettings", [InitErrorDetails(
+                type=PydanticCustomError("hosts", "{message}", {"message": (
+                    f"service_cidr {services} is IPv{services.version} but pod_cidr {pods} is "
+                    f"IPv{pods.version}; give both ranges in one address family")}),
+                loc=("service_cidr",), input=None)])
+        return self
 
 
 class HostsFile(Frozen):

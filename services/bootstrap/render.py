@@ -12,7 +12,7 @@ from typing import Any
 
 import yaml
 
-from libs.inventory import HostsFile, HostSpec
+from libs.inventory import HostsFile, HostSpec, looks_like_a_key
 
 # Kubespray's group names for our roles.
 _GROUPS = {"control-plane": "kube_control_plane", "etcd": "etcd", "worker": "kube_node"}
@@ -32,7 +32,10 @@ def _host_vars(host: HostSpec) -> dict[str, Any]:
     out: dict[str, Any] = {"ansible_host": host.ip, "ip": host.ip, "access_ip": host.ip}
     if host.ssh_user:
         out["ansible_user"] = host.ssh_user
-    if host.ssh_key:
+    if host.ssh_key and host.ssh_key.startswith("secret:"):
+        # the name only: whoever runs the playbooks mounts that Secret
+        out["primus_ssh_key_secret"] = host.ssh_key.removeprefix("secret:")
+    elif host.ssh_key:
         out["ansible_ssh_private_key_file"] = host.ssh_key
     labels = {f"primus-safe/{k}": v for k, v in sorted(host.labels.items())}
     labels["primus-safe/gpu-model"] = host.gpu_model
@@ -127,4 +130,9 @@ def render(hosts: HostsFile) -> dict[str, str]:
         files[f"{base}/group_vars/{rel}"] = _yaml(doc)
     for addon, doc in addon_values(hosts).items():
         files[f"{base}/addons/{addon}.values.yaml"] = _yaml(doc)
+    for path, text in files.items():
+        # HostsFile refuses inline keys; this holds even for a model built
+        # without validation, since these files are copied and committed.
+        if looks_like_a_key(text):
+            raise ValueError(f"{path} would contain a private key; refusing to render it")
     return dict(sorted(files.items()))
