@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import sys
 from functools import partial
 from pathlib import Path
@@ -240,10 +241,22 @@ def dispatch(args: argparse.Namespace) -> int:
     raise CliError(f"unknown verb {args.verb}")
 
 
+def _quiet_stdout() -> None:
+    """After a broken pipe (``primus-safe explain J | head``), point stdout at
+    /dev/null so the interpreter's final flush cannot fail again; what Python's
+    documentation recommends for SIGPIPE."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
     try:
-        return dispatch(args)
+        code = dispatch(build_parser().parse_args(argv))
+        sys.stdout.flush()  # a closed pipe shows here, inside the handler
+        return code
+    except BrokenPipeError:
+        _quiet_stdout()
+        return 141  # what a shell reports for a reader that stopped early (128 + SIGPIPE)
     except (CliError, SpecError) as exc:
         print(f"primus-safe: {exc}", file=sys.stderr)
         return 1
