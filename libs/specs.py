@@ -49,7 +49,8 @@ def format_validation(exc: ValidationError, lines: dict[tuple[Any, ...], int]) -
             if loc[:cut] in lines:
                 line = lines[loc[:cut]]
                 break
-        field = ".".join(str(p) for p in loc) or "(document)"
+        # an empty key is shown as '' so the field is still named
+        field = ".".join(str(p) if p != "" else "''" for p in loc) or "(document)"
         hint = _HINTS.get(err["type"], "")
         message = err["msg"].removeprefix("Value error, ")
         where = f"line {line}, " if line else ""
