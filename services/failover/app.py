@@ -37,6 +37,7 @@ from libs.events import (
     JobCompleted,
     JobFailed,
     JobPlaced,
+    JobPreempted,
     JobRecover,
     JobRecoverData,
     JobTelemetry,
@@ -98,6 +99,7 @@ class Failover:
             durable="failover",
             subjects=["safe.node.*.heartbeat", "safe.node.*.registered", "safe.node.*.state",
                       "safe.job.*.placed", "safe.job.*.completed", "safe.job.*.failed",
+                      "safe.job.*.preempted",
                       "safe.bench.*.result", "safe.worker.*.exited", "safe.lens.alert.>"],
             stream=CONTROL, handler=self._on_event, batch=256,
         )
@@ -124,7 +126,8 @@ class Failover:
             self.placements[event.job] = (event.data.attempt,
                                           {w.node for w in event.data.workers})
             self.book.job_placed(event.job, event.data.attempt, now)
-        elif isinstance(event, JobCompleted | JobFailed):
+        elif isinstance(event, JobCompleted | JobFailed | JobPreempted):
+            # The run ended (a preempted job is placed again later, afresh).
             self.placements.pop(event.job, None)
             decisions = self.book.job_ended(event.job, now)
         elif isinstance(event, BenchResult):

@@ -155,14 +155,18 @@ class FaultBook:
     def job_placed(self, job: str, attempt: int, now: float) -> None:
         """A job a fault moved was placed again (its first placement after)."""
         for fault in self.faults.values():
+            if _ended(fault):
+                continue
             if job in fault.jobs and fault.failover and job not in fault.replaced_at \
                     and now >= fault.opened_at:
                 fault.replaced_at[job], fault.replaced_attempt[job] = now, attempt
 
     def job_ended(self, job: str, now: float) -> list[Decision]:
-        """``job`` completed or failed for good: nothing is left to recover,
-        so every fault about the job itself closes (node faults that list it
-        close when their node passes bench again)."""
+        """The run a fault was about is over: ``job`` completed, failed, or
+        was preempted (a later placement is a fresh run, judged afresh).
+        Nothing is left to recover, so every fault about the job itself
+        closes (node faults that list it close when their node passes bench
+        again)."""
         out = []
         for fault in self.faults.values():
             if fault.scope == "job" and fault.key == job and fault.status != "closed":
@@ -175,7 +179,8 @@ class FaultBook:
         the recovery of every fault that moved it."""
         out = []
         for fault in self.faults.values():
-            if job in fault.first_step_at or attempt < fault.replaced_attempt.get(job, 1 << 30):
+            if _ended(fault) or job in fault.first_step_at \
+                    or attempt < fault.replaced_attempt.get(job, 1 << 30):
                 continue
             fault.first_step_at[job] = now
             if len(fault.first_step_at) == len(fault.jobs):
@@ -183,3 +188,10 @@ class FaultBook:
                     fault.status, fault.closed_at = "closed", now
                 out.append(Decision("recovered", fault))
         return out
+
+
+def _ended(fault: Fault) -> bool:
+    """A job's fault that is closed has nothing left to time: a later
+    placement or step of that job belongs to another run. (A node's closed
+    fault still times the recovery of the jobs it moved.)"""
+    return fault.scope == "job" and fault.status == "closed"

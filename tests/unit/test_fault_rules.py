@@ -106,3 +106,15 @@ def test_every_fault_of_a_job_closes_when_the_job_ends() -> None:
     assert all(d.action == "close" and d.fault.closed_at == 20.0 for d in closed)
     assert node[0].fault.status == "opened"  # the node's own fault waits for bench
     assert book.job_ended("job-1", now=21.0) == []  # once
+
+
+def test_a_preempted_job_closes_its_faults_and_its_next_run_is_judged_afresh() -> None:
+    book = FaultBook(FailoverRules())
+    hang = book.observe("alert:job_hang", "job-2", bad=True, now=10.0)[0].fault
+    assert [d.action for d in book.job_ended("job-2", now=12.0)] == ["close"]  # preempted
+    book.job_placed("job-2", attempt=2, now=30.0)  # placed again: another run
+    assert book.job_stepped("job-2", attempt=2, now=31.0) == []
+    assert hang.replaced_at == {} and hang.first_step_at == {} and hang.closed_at == 12.0
+    again = book.observe("alert:job_hang", "job-2", bad=True, now=40.0)
+    assert [d.action for d in again] == ["open", "restart_job"]  # a new fault, not the old one
+    assert again[0].fault.fault_id != hang.fault_id
