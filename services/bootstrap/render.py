@@ -13,6 +13,7 @@ from typing import Any
 import yaml
 
 from libs.inventory import HostsFile, HostSpec, looks_like_a_key
+from libs.yaml_files import paused_gc
 
 # Kubespray's group names for our roles.
 _GROUPS = {"control-plane": "kube_control_plane", "etcd": "etcd", "worker": "kube_node"}
@@ -124,6 +125,11 @@ def _yaml(doc: Any) -> str:
 
 def render(hosts: HostsFile) -> dict[str, str]:
     """Every file ``apply`` writes, as relative path → text (stable order)."""
+    with paused_gc():  # many short-lived nodes, no garbage: see libs/yaml_files.py
+        return _render(hosts)
+
+
+def _render(hosts: HostsFile) -> dict[str, str]:
     base = f"inventory/{hosts.cluster}"
     files = {f"{base}/hosts.yaml": _yaml(kubespray_inventory(hosts))}
     for rel, doc in group_vars(hosts).items():
