@@ -52,7 +52,10 @@ def run_service_verb(args: argparse.Namespace) -> int:
         node = args.node or settings.node_name
         if not node:
             raise CliError("bench-agent needs a node name: --node NAME or PRIMUS_NODE_NAME")
-        check_key(node, "node name")
+        try:
+            check_key(node, "node name")
+        except ValueError as exc:
+            raise CliError(f"--node: {exc}") from None
         make = partial(BenchAgent, settings, node)
     elif args.verb == "bench-coordinator":
         from services.bench.coordinator import BenchCoordinator
@@ -175,7 +178,24 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def check_names(args: argparse.Namespace) -> None:
+    """Node names and job ids typed on the command line become NATS subject
+    tokens and bucket keys: a bad one is the user's error, named as such,
+    never a traceback from deep inside a verb."""
+    checks = [("node", "node name")]
+    if args.verb in ("explain", "lens"):
+        checks.append(("job", "job id"))
+    for attr, what in checks:
+        value = getattr(args, attr, None)
+        if isinstance(value, str):
+            try:
+                check_key(value, what)
+            except ValueError as exc:
+                raise CliError(str(exc)) from None
+
+
 def dispatch(args: argparse.Namespace) -> int:
+    check_names(args)
     if args.verb == "bootstrap" and args.action:
         from cli import bootstrap_verbs
 

@@ -161,3 +161,12 @@ def test_a_reader_that_stops_early_ends_quietly(tmp_path: Path) -> None:
     assert proc.stdout == "{\n"
     assert proc.returncode in (0, 141) and "Traceback" not in proc.stderr, proc.stderr
     assert "BrokenPipe" not in proc.stderr
+
+
+@pytest.mark.parametrize("argv", [("explain", "a.b"), ("bench", "run", "--node", "a>b"),
+                                  ("bench-agent", "--node", "x y")])
+def test_bad_names_on_the_command_line_are_user_errors(argv: tuple[str, ...]) -> None:
+    env = {**os.environ, "PRIMUS_NATS_URL": "nats://127.0.0.1:1"}
+    proc = run_cli(*argv, env=env, timeout=30)
+    assert proc.returncode == 1 and "is not a valid name" in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr and proc.stdout == ""
