@@ -117,6 +117,10 @@ def test_bootstrap_plan_refuses_each_bad_file_cleanly(tmp_path: Path) -> None:
                      "line 6, field 'nodes.0.ssh_key'"),
         "dupkey.yaml": ("cluster: a\ncluster: b\nnodes:\n" + node("a", "10.0.0.1"),
                         "line 2, field 'cluster': duplicate key (first at line 1)"),
+        "bomb.yaml": ("a: &a [x, x, x, x, x, x, x, x, x, x]\n" + "".join(
+            f"{c}: &{c} [{', '.join([f'*{p}'] * 10)}]\n"
+            for p, c in zip("abcdefgh", "bcdefghi", strict=True)) + "nodes:\n" +
+            node("a", "10.0.0.1"), "aliases (*name) expand the file"),
     }
     env = {**os.environ, "PRIMUS_NATS_URL": "nats://127.0.0.1:1"}
     for name, (content, expected) in bad.items():
