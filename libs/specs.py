@@ -36,6 +36,11 @@ _HINTS = {
     "less_than_equal": "use a smaller value",
     "list_type": "write a list (lines starting with '- ')",
     "dict_type": "write a mapping (key: value lines)",
+    "model_type": "write a mapping (key: value lines)",
+    "float_parsing": "write a number",
+    "float_type": "write a number",
+    "bool_parsing": "write true or false",
+    "bool_type": "write true or false",
     "too_short": "give at least one item",
 }
 

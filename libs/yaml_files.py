@@ -119,6 +119,7 @@ def _walk(root: yaml.Node) -> dict[Path_, int]:
     stack: list[tuple[yaml.Node, Path_, int]] = [(root, (), 1)]
     while stack:
         node, path, depth = stack.pop()
+        lines.setdefault(path, node.start_mark.line + 1)  # list items; keys set it first
         if isinstance(node, yaml.ScalarNode):
             continue
         if id(node) in seen:

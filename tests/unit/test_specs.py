@@ -86,3 +86,14 @@ def test_cli_prints_the_problem_without_a_traceback(
     assert result.returncode == 1
     assert "Traceback" not in result.stderr
     assert f"{path}: 1 problem(s)" in result.stderr and "line 2, field 'workers'" in result.stderr
+
+
+def test_a_list_item_of_the_wrong_kind_names_its_own_line(tmp_path: Path) -> None:
+    path = write(tmp_path, "hosts.yaml", """\
+nodes:
+  - {name: a, ip: 10.0.0.1, gpu_model: cpu, gpu_count: 1}
+  - just-text
+""")
+    with pytest.raises(SpecError) as err:
+        load_model(path, HostsFile)
+    assert "line 3, field 'nodes.1'" in str(err.value) and "write a mapping" in str(err.value)
