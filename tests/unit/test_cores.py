@@ -57,9 +57,11 @@ def test_heartbeat_monitor_reports_each_outage_once() -> None:
 
 def test_heartbeat_out_of_order_beats_do_not_move_time_back() -> None:
     mon = HeartbeatMonitor(interval_s=1.0, missed=2)
+    mon.watch("a", 0.0)  # registered: only those are judged
     mon.beat("a", 10.0)
     mon.beat("a", 5.0)
     assert mon.check(11.5) == []
+    assert [m.node for m in mon.check(12.1)] == ["a"]
 
 
 def test_bench_verdicts() -> None:
