@@ -47,6 +47,7 @@ def normal_ip(value: str) -> str:
     return str(ip)
 
 
+_LABEL = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
 _PEM = re.compile(r"-----BEGIN [A-Z0-9 ]*-----|PRIVATE KEY")
 # A key reference is a path on the bootstrap host, or secret:NAME for a
 # Kubernetes Secret (a DNS subdomain); either is one line, no spaces.
@@ -78,7 +79,7 @@ class HostSpec(Frozen):
     labels: dict[str, str] = Field(default_factory=dict, description="e.g. rack, switch")
     gpu_model: str
     gpu_count: int = Field(ge=0, le=64)
-    ssh_user: str | None = None
+    ssh_user: str | None = Field(default=None, pattern=r"^[A-Za-z_][A-Za-z0-9_.-]{0,31}$")
     ssh_key: str | None = Field(
         default=None, description="reference to the SSH private key: a path on the "
         "bootstrap host or a secret name; never the key itself")
@@ -101,10 +102,21 @@ class HostSpec(Frozen):
     @field_validator("labels")
     @classmethod
     def _labels(cls, value: dict[str, str]) -> dict[str, str]:
+        # They become Kubernetes node labels (primus-safe/KEY=VALUE), so they
+        # follow Kubernetes' rule, which also bounds what a node event carries.
+        if len(value) > 64:
+            raise ValueError(f"{len(value)} labels; at most 64 per node")
         for key, text in value.items():
             if looks_like_a_key(text):
                 raise ValueError(f"label {key[:63]!r} holds a private key; labels are "
                                  "published on every node, never put a secret there")
+            if not _LABEL.match(key):
+                raise ValueError(f"label name {key[:80]!r} is not a Kubernetes label name: "
+                                 "letters, digits, '-', '_' and '.', at most 63 characters")
+            if text and not _LABEL.match(text):
+                raise ValueError(f"label {key}: value {text[:80]!r} is not a Kubernetes label "
+                                 "value: letters, digits, '-', '_' and '.', at most 63 "
+                                 "characters, starting and ending with a letter or digit")
         return value
 
     @field_validator("gpu_model")

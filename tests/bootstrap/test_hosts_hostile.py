@@ -132,3 +132,15 @@ def test_bootstrap_plan_refuses_each_bad_file_cleanly(tmp_path: Path) -> None:
         assert str(path) in proc.stderr and expected in proc.stderr, (name, proc.stderr)
         assert "Traceback" not in proc.stderr and proc.stdout == "", (name, proc.stdout)
     assert not (tmp_path / "out").exists()  # refused before any file is written
+
+
+def test_labels_and_ssh_users_follow_the_rules_they_are_rendered_under(tmp_path: Path) -> None:
+    text = refused(tmp_path, "nodes:\n" + node("a", "10.0.0.1", ", labels: {rack: 'r 1'}"))
+    assert "field 'nodes.0.labels'" in text and "Kubernetes label value" in text
+    text = refused(tmp_path, "nodes:\n" + node("a", "10.0.0.1", ", labels: {'a/b': r1}"))
+    assert "Kubernetes label name" in text
+    big = "{" + ", ".join(f"k{i}: v" for i in range(65)) + "}"
+    assert "at most 64" in refused(tmp_path, "nodes:\n" + node("a", "10.0.0.1",
+                                                                f", labels: {big}"))
+    text = refused(tmp_path, "nodes:\n" + node("a", "10.0.0.1", ", ssh_user: 'root; rm -rf'"))
+    assert "field 'nodes.0.ssh_user'" in text
