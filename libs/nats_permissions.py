@@ -187,6 +187,7 @@ ROLES: tuple[Role, ...] = (
                 event_subject(NodeHeartbeat), event_subject(NodeRegistered),
                 event_subject(NodeStateChanged), event_subject(JobPlaced),
                 event_subject(JobCompleted), event_subject(JobFailed),
+                event_subject(JobPreempted),
                 event_subject(BenchResult), event_subject(WorkerExited),
                 f"{SUBJECT_ROOT}.lens.alert.>",
             )),

@@ -54,7 +54,7 @@ async def test_bad_message_is_dead_lettered_and_the_service_keeps_serving(
         await wait_healthy(bus, "scheduler")
         await bus.js.publish("safe.job.j-1.submitted", b'{"type": "job.submitted", "job": "j-1"}')
         good = JobSubmitted(source="test", job="j-2", data=JobSubmittedData(
-            spec=JobSpec(name="ok", workers=1, command=["true"])))
+            spec=JobSpec(name="ok", workers=1, gpus_per_worker=1, command=["true"])))
         await bus.publish(good)
         for _ in range(100):
             reply = await wait_healthy(bus, "scheduler")
