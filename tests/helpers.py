@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from libs.bus import Bus
 from libs.events import NodeRegistered, NodeRegisteredData, NodeStateChanged, NodeStateData
@@ -85,3 +86,30 @@ async def ready_nodes(bus: Bus, nodes: dict[str, tuple[int, str]]) -> None:
             ip=spec["ip"], gpu_model="MI300X", gpu_count=gpus, labels={"rack": rack})))
         await bus.publish(NodeStateChanged(source="test", node=name,
                                            data=NodeStateData(state="ready")))
+
+
+async def until(fn, what: str, timeout: float = 60) -> Any:  # type: ignore[no-untyped-def]
+    """The first truthy value of ``await fn()``, asking every 0.2 s (an
+    exception counts as not yet: the service may still be starting)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            value = await fn()
+        except Exception:
+            value = None
+        if value:
+            return value
+        await asyncio.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def subject_matches(pattern: str, subject: str) -> bool:
+    """NATS matching: ``*`` is one token, ``>`` the rest. A ``*`` in the
+    subject (a pattern the code subscribes to) needs ``*`` or ``>`` here."""
+    p, s = pattern.split("."), subject.split(".")
+    for i, token in enumerate(p):
+        if token == ">":
+            return len(s) > i
+        if i >= len(s) or (token != "*" and token != s[i]):
+            return False
+    return len(p) == len(s)

@@ -41,7 +41,7 @@ from libs.events import (
     encode_event,
     max_version,
 )
-from tests.helpers import start_service, stop_process, wait_healthy
+from tests.helpers import start_service, stop_process, subject_matches, wait_healthy
 
 pytestmark = pytest.mark.timeout(420)
 
@@ -62,16 +62,6 @@ KEY = "hostile-1"
 def _nats_subject(pattern: str) -> str:
     """A concrete subject a filter matches (its wildcards filled in)."""
     return ".".join(KEY if t in ("*", ">") else t for t in pattern.split("."))
-
-
-def _matches(filter_subject: str, subject: str) -> bool:
-    f, s = filter_subject.split("."), subject.split(".")
-    for i, token in enumerate(f):
-        if token == ">":
-            return len(s) > i
-        if i >= len(s) or (token != "*" and token != s[i]):
-            return False
-    return len(f) == len(s)
 
 
 def _type_of(subject: str) -> str | None:
@@ -117,9 +107,9 @@ async def _consumed_subjects(bus: Bus) -> dict[str, set[str]]:
     subjects = {_nats_subject(f) for f, _ in filters}
     for cls in EVENT_TYPES:  # every concrete event subject a filter takes, too
         subject = cls.subject_template.format(root="safe", node=KEY, job=KEY)
-        if any(_matches(f, subject) for f, _ in filters):
+        if any(subject_matches(f, subject) for f, _ in filters):
             subjects.add(subject)
-    return {s: {owner for f, owner in filters if _matches(f, s)} for s in sorted(subjects)}
+    return {s: {owner for f, owner in filters if subject_matches(f, s)} for s in sorted(subjects)}
 
 
 async def _dead_letters(bus: Bus) -> list[Any]:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import time
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +20,7 @@ from libs.bus import Bus
 from libs.drivers.local import reap_all
 from libs.events import JobSpec, JobSubmitted, JobSubmittedData
 from services.scheduler.protocol import ADMISSION_SUBJECT
-from tests.helpers import ROOT, ready_nodes, run_cli, start_service, stop_process
+from tests.helpers import ROOT, ready_nodes, run_cli, start_service, stop_process, until
 
 pytestmark = pytest.mark.timeout(150)
 
@@ -33,18 +32,6 @@ def job_file(tmp_path: Path, name: str, body: str) -> Path:
     path.write_text(f"name: {name}\n{body}")
     return path
 
-
-async def until(fn, what: str, timeout: float = 40) -> Any:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            value = await fn()
-        except Exception:
-            value = None
-        if value:
-            return value
-        await asyncio.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 async def test_refused_at_submit_unschedulable_accepted_and_the_queue_moves(

@@ -11,7 +11,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +19,7 @@ import pytest
 from libs.bus import Bus
 from libs.drivers.local import reap_all
 from libs.events import JobSpec, JobSubmitted, JobSubmittedData
-from tests.helpers import ROOT, ready_nodes, run_cli
+from tests.helpers import ROOT, ready_nodes, run_cli, until
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -43,18 +42,6 @@ async def record(bus: Bus, job: str) -> dict[str, Any]:
     kv = await bus.kv("jobs")
     return json.loads((await kv.get(job)).value)
 
-
-async def until(fn, what: str, timeout: float = 60) -> Any:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            value = await fn()
-        except Exception:
-            value = None
-        if value:
-            return value
-        await asyncio.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 async def test_reasons_positions_and_preemption(nats_url: str, bus: Bus, tmp_path: Path) -> None:

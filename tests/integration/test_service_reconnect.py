@@ -20,7 +20,7 @@ from libs.events import HeartbeatData, NodeHeartbeat
 from libs.service import run_service
 from libs.settings import Settings
 from services.failover.app import Failover
-from tests.helpers import ready_nodes, wait_healthy
+from tests.helpers import ready_nodes, until, wait_healthy
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -35,15 +35,6 @@ async def _violate_payload_limit(victim: Bus) -> None:
         await victim.nc.flush(timeout=2)
     except (nats.errors.Error, TimeoutError):
         pass
-
-
-async def _until(check, timeout: float = 30.0):  # type: ignore[no-untyped-def]
-    for _ in range(int(timeout / 0.2)):
-        value = await check()
-        if value:
-            return value
-        await asyncio.sleep(0.2)
-    raise AssertionError("condition not met in time")
 
 
 async def test_a_closed_connection_is_replaced_and_the_service_serves_again(
@@ -68,7 +59,7 @@ async def test_a_closed_connection_is_replaced_and_the_service_serves_again(
                 return None
             return reply if reply["reconnects"] == 1 else None
 
-        reply = await _until(reconnected)
+        reply = await until(reconnected, "a fresh instance on a new connection", timeout=30)
         assert reply["connection"] == "connected" and len(made) == 2
         assert made[0].bus.nc.is_closed and made[1].bus is not made[0].bus  # type: ignore[union-attr]
 
@@ -79,7 +70,7 @@ async def test_a_closed_connection_is_replaced_and_the_service_serves_again(
 
         async def watching() -> bool:
             return (await wait_healthy(bus, "failover"))["watched_nodes"] == 1
-        await _until(watching)
+        await until(watching, "the fresh instance to hear the node", timeout=30)
     finally:
         os.kill(os.getpid(), signal.SIGTERM)  # the shell's own handler: a clean stop
         assert await asyncio.wait_for(task, 40) == 0

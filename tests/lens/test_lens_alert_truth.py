@@ -9,7 +9,6 @@ real nats-server and the chDB engine, restarted in the middle."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
 from typing import Any
 
 from libs.bus import Bus
@@ -25,6 +24,7 @@ from libs.events import (
 from libs.settings import Settings
 from services.lens_collector.alerts import AlertConfig, AlertEngine, JobReading, Transition
 from services.lens_collector.app import LensCollector
+from tests.helpers import until
 
 CONFIG = AlertConfig(job_hang_s=300, checkpoint_max_age_s=100_000, throughput_min_history=3,
                      throughput_for_s=0)
@@ -109,15 +109,6 @@ def test_a_restart_keeps_one_alert_per_condition() -> None:
 # --------------------------------------------------------------------------- the collector
 
 
-async def _until(check: Callable[[], Any], timeout: float = 40.0) -> Any:
-    for _ in range(int(timeout / 0.25)):
-        value = await check()
-        if value:
-            return value
-        await asyncio.sleep(0.25)
-    raise AssertionError("condition not met in time")
-
-
 async def _alerts(bus: Bus, job: str) -> list[dict[str, Any]]:
     reply = await bus.request("safe.lens.query", {"query": "alerts", "params": {"job": job}},
                               timeout_s=20)
@@ -162,7 +153,7 @@ async def test_the_collector_flags_a_silent_job_and_nothing_after_the_end_or_a_r
         async def silent_hung() -> list[dict[str, Any]]:
             return [a for a in await _alerts(bus, "j-silent")
                     if a["rule"] == "job_hang" and a["state"] == "open"]
-        [hang] = await _until(silent_hung)
+        [hang] = await until(silent_hung, "a hang alert for the silent job")
     finally:
         await stop(service, own)
 
@@ -176,7 +167,7 @@ async def test_the_collector_flags_a_silent_job_and_nothing_after_the_end_or_a_r
 
         async def closed() -> list[dict[str, Any]]:
             return [a for a in await _alerts(bus, "j-silent") if a["state"] == "closed"]
-        [done] = await _until(closed)
+        [done] = await until(closed, "the hang alert to close")
         assert done["alert_id"] == hang["alert_id"]
         await asyncio.sleep(config.job_hang_s + 2)
         assert len(await _alerts(bus, "j-silent")) == 1 and await _alerts(bus, "j-done") == []

@@ -22,6 +22,7 @@ from libs.nats_permissions import (
     render_users,
     role,
 )
+from tests.helpers import subject_matches
 
 REPO = Path(__file__).resolve().parents[2]
 EVENT_NAMES = {cls.__name__ for cls in EVENT_TYPES}
@@ -137,16 +138,6 @@ def test_a_service_campaigns_only_for_its_own_lease(name: str) -> None:
                            f"the leases of {name!r} in libs/nats_permissions.py ROLES")
 
 
-def subject_matches(pattern: str, subject: str) -> bool:
-    """NATS matching: ``*`` is one token, ``>`` the rest. A ``*`` in the
-    subject (a pattern the code subscribes to) needs ``*`` or ``>`` here."""
-    p, s = pattern.split("."), subject.split(".")
-    for i, token in enumerate(p):
-        if token == ">":
-            return len(s) > i
-        if i >= len(s) or (token != "*" and token != s[i]):
-            return False
-    return len(p) == len(s)
 
 
 def _subject_value(node: ast.expr, module: object) -> str | None:
