@@ -17,7 +17,7 @@ help:
 	@echo "make test     install if needed, then run every test (real NATS, real ClickHouse engine)"
 	@echo "make up       the embedded stack in the foreground"
 	@echo "make lint     ruff"
-	@echo "make proto    regenerate proto/ from the event models"
+	@echo "make proto    regenerate proto/, the chart's NATS users and the README route tables"
 	@echo "make bench    run the benchmarks in bench/"
 
 $(STAMP): pyproject.toml
@@ -44,7 +44,7 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 
 proto: $(STAMP)
-	$(PY) -m libs.proto_gen --out proto
+	$(PY) -m cli.catalog --write
 
 bench: $(STAMP)
 	$(PY) bench/bus_latency.py

@@ -65,7 +65,7 @@ from libs.bus import Bus  # noqa: E402
 from libs.embedded import NatsServer  # noqa: E402
 from libs.events import BenchResult, parse_event  # noqa: E402
 from libs.service import health_subject  # noqa: E402
-from services.bench.protocol import SWEEP_SUBJECT  # noqa: E402
+from services.bench.protocol import SWEEP  # noqa: E402
 
 CGROUP = Path("/sys/fs/cgroup/cpuacct")
 KEY_FIGURES = ("gemm_fp32_512_tflops", "membw_triad_gbps", "train_tokens_per_s",
@@ -250,7 +250,7 @@ class Fleet:
     async def sweep(self, nodes: list[str], timeout_s: float = 1800) -> dict[str, Any]:
         """One standard-level fleet sweep, nodes taking turns; every node's verdict."""
         assert self.bus is not None
-        reply = await self.bus.request(SWEEP_SUBJECT, {"nodes": nodes, "level": "standard",
+        reply = await self.bus.request(SWEEP.subject, {"nodes": nodes, "level": "standard",
                                                        "turns": True}, timeout_s=timeout_s)
         if not reply.get("ok"):
             raise RuntimeError(f"sweep failed: {reply}")

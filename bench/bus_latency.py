@@ -12,7 +12,17 @@ durable pull consumer:
 
 Baseline, measured in the same run: plain core-NATS publish → subscribe of
 the same payload (no persistence, no acks), i.e. the cost floor of the
-network path. Ends with one JSON line.
+network path.
+
+Also in the same run, why ordered consumers stay on the bus's own puller
+(``libs.consume``) rather than faststream's JetStream pull subscriber:
+faststream keeps stream order only when each fetch brings one message
+(single latency and burst rate measured so), and with larger fetches it
+runs a batch's handlers at once, so a handler that awaits I/O sees events
+out of their stream order (the share is measured, beside the bus's own
+consumer with the same handler). And request/reply through the bus's typed
+endpoints (faststream subscribers) against a plain nats-py responder.
+Ends with one JSON line.
 
     python bench/bus_latency.py [--count 5000]
 """
@@ -22,24 +32,38 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import random
 import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from libs.bus import CONTROL, TELEMETRY, Bus  # noqa: E402
 from libs.embedded import NatsServer  # noqa: E402
-from libs.events import Event, GpuMetrics, NodeTelemetry, NodeTelemetryData, encode_event  # noqa: E402
+from libs.events import (  # noqa: E402
+    Event,
+    GpuMetrics,
+    HeartbeatData,
+    NodeHeartbeat,
+    NodeTelemetry,
+    NodeTelemetryData,
+    encode_event,
+)
+from libs.routes import Empty, Endpoint, Reply  # noqa: E402
+
+IO_S = 0.002  # a handler that awaits up to this long (a KV write, a store)
 
 
-def sample_event(seq: int) -> NodeTelemetry:
+def sample_event(seq: int, node: str | None = None) -> NodeTelemetry:
     gpus = [GpuMetrics(index=i, util_pct=97.5, vram_used_bytes=150_000_000_000 + i,
                        vram_total_bytes=206_158_430_208, temp_c=71.0 + i, power_w=690.5)
             for i in range(8)]
-    return NodeTelemetry(source="bench", node=f"gpu-{seq % 1000:04d}", data=NodeTelemetryData(
+    node = node or f"gpu-{seq % 1000:04d}"
+    return NodeTelemetry(source="bench", node=node, data=NodeTelemetryData(
         cpu_pct=12.5, mem_used_bytes=seq, mem_total_bytes=2 * 1024**4, load1=3.2, gpus=gpus))
 
 
@@ -82,13 +106,13 @@ async def burst(bus: Bus, count: int, *, batched: bool) -> tuple[float, list[flo
             seen(event)
 
     name = "bench-batch" if batched else "bench-one"
-    subject = f"safe.node.{name}.heartbeat"
+    subject = f"safe.telemetry.node.{name}"  # an event is refused off its own subject
     if batched:
-        bus.consume(durable=name, subjects=[subject], stream=CONTROL, batch_handler=many,
+        bus.consume(durable=name, subjects=[subject], stream=TELEMETRY, batch_handler=many,
                     batch=512)
     else:
-        bus.consume(durable=name, subjects=[subject], stream=CONTROL, handler=one, batch=512)
-    events = [sample_event(i) for i in range(count)]
+        bus.consume(durable=name, subjects=[subject], stream=TELEMETRY, handler=one, batch=512)
+    events = [sample_event(i, name) for i in range(count)]
     payloads = [encode_event(e) for e in events]
     t0 = time.perf_counter()
     if batched:
@@ -130,6 +154,112 @@ async def core_baseline(bus: Bus, count: int) -> tuple[float, list[float]]:
     return rate, latencies
 
 
+async def faststream_pull(url: str, count: int, *, batch: int,
+                          handler_s: float = 0.0) -> tuple[float, list[float], float]:
+    """faststream's own JetStream pull subscriber on the same stream: single
+    latency, burst rate, and the share of events handled out of their
+    stream order for one key (``handler_s``: the handler awaits I/O that
+    long, like a KV write; 0: it awaits nothing)."""
+    from faststream import AckPolicy
+    from faststream.nats import JStream, NatsBroker, NatsMessage, PullSub
+    from nats.js import api
+
+    broker = NatsBroker(url, logger=None)
+    await broker.connect()
+    name = f"fs-{batch}"
+    subject = f"safe.node.{name}.heartbeat"
+    seen: list[tuple[float, int]] = []
+    got = asyncio.Event()
+    rng = random.Random(7)
+    sub = broker.subscriber(
+        subject, stream=JStream("CONTROL", declare=False), durable=name,
+        pull_sub=PullSub(batch_size=batch, timeout=0.5), ack_policy=AckPolicy.MANUAL,
+        config=api.ConsumerConfig(name=name, durable_name=name, max_ack_pending=10_000,
+                                  ack_policy=api.AckPolicy.EXPLICIT))
+
+    @sub
+    async def handle(body: bytes, msg: NatsMessage) -> None:
+        if handler_s:
+            await asyncio.sleep(rng.uniform(0, handler_s))
+        seen.append((time.perf_counter(), json.loads(body)["data"]["seq"]))
+        await msg.ack()
+        got.set()
+
+    await broker.start()
+    bus = await Bus.connect(url, "bench")
+    try:
+        single: list[float] = []
+        for i in range(min(count, 500)):
+            got.clear()
+            t0 = time.perf_counter()
+            await bus.js.publish(subject, encode_event(beat(name, i)))
+            await got.wait()
+            single.append(seen[-1][0] - t0)
+        seen.clear()
+        t0 = time.perf_counter()
+        for i in range(count):
+            await bus.js.publish(subject, encode_event(beat(name, i)))
+        while len(seen) < count:
+            await asyncio.sleep(0.01)
+        rate = count / (time.perf_counter() - t0)
+        order = [s for _, s in seen]
+        late = sum(1 for a, b in zip(order, order[1:], strict=False) if b < a)
+        return rate, single, 100.0 * late / count
+    finally:
+        await bus.close()
+        await broker.stop()
+
+
+async def ordered_burst(bus: Bus, count: int, handler_s: float) -> tuple[float, float]:
+    """The bus's own consumer with the same awaiting handler: rate and the
+    share out of order (none: one event at a time, in stream order)."""
+    seen: list[int] = []
+    rng = random.Random(7)
+    name = "raw-ordered"
+
+    async def one(event: Event) -> None:
+        await asyncio.sleep(rng.uniform(0, handler_s))
+        seen.append(event.data.seq)  # type: ignore[attr-defined]
+
+    bus.consume(durable=name, subjects=[f"safe.node.{name}.heartbeat"], stream=CONTROL,
+                handler=one, batch=64)
+    t0 = time.perf_counter()
+    for i in range(count):
+        await bus.publish(beat(name, i))
+    while len(seen) < count:
+        await asyncio.sleep(0.01)
+    late = sum(1 for a, b in zip(seen, seen[1:], strict=False) if b < a)
+    return count / (time.perf_counter() - t0), 100.0 * late / count
+
+
+async def request_reply(bus: Bus, count: int) -> tuple[list[float], list[float]]:
+    """Request/reply latency through the bus's typed endpoint (a faststream
+    subscriber) and through a plain nats-py subscription that answers."""
+    endpoint = Endpoint("safe.query.bench", Empty, Reply, "benchmark")
+
+    async def typed(_: Empty) -> Reply:
+        return Reply()
+
+    async def raw(msg: Any) -> None:
+        await msg.respond(b'{"ok": true}')
+
+    await bus.serve(endpoint, typed)
+    await bus.nc.subscribe("safe.query.raw", cb=raw)
+    await bus.flush()
+    out: tuple[list[float], list[float]] = ([], [])
+    for _ in range(count):
+        for subject, lat in (("safe.query.bench", out[0]), ("safe.query.raw", out[1])):
+            t0 = time.perf_counter()
+            await bus.nc.request(subject, b"{}", timeout=5)
+            lat.append(time.perf_counter() - t0)
+    return out
+
+
+def beat(node: str, seq: int) -> NodeHeartbeat:
+    return NodeHeartbeat(source="bench", node=node,
+                         data=HeartbeatData(seq=seq, pid=1, interval_s=1.0))
+
+
 async def main(count: int) -> dict[str, object]:
     with tempfile.TemporaryDirectory() as tmp:
         server = NatsServer(Path(tmp) / "nats").start()
@@ -148,6 +278,12 @@ async def main(count: int) -> dict[str, object]:
             single_lat = await scenario(single, min(count, 2000))
             one_rate, one_lat = await scenario(burst, count, batched=False)
             batch_rate, batch_lat = await scenario(burst, count, batched=True)
+            fs_rate, fs_single, _ = await faststream_pull(server.url, count, batch=1)
+            io_count = min(count, 2000)
+            fs_io_rate, _, fs_io_late = await faststream_pull(server.url, io_count, batch=64,
+                                                              handler_s=IO_S)
+            raw_io_rate, raw_io_late = await scenario(ordered_burst, io_count, IO_S)
+            typed_rr, raw_rr = await scenario(request_reply, min(count, 2000))
         finally:
             server.stop()
     ms = 1000.0
@@ -163,6 +299,18 @@ async def main(count: int) -> dict[str, object]:
         "batched_p99_ms": round(pct(batch_lat, 0.99) * ms, 2),
         "core_nats_p50_ms": round(statistics.median(base_lat) * ms, 3),
         "core_nats_events_per_s": round(base_rate),
+        # faststream's pull subscriber keeps stream order only one message a fetch:
+        "faststream_single_p50_ms": round(statistics.median(fs_single) * ms, 3),
+        "faststream_one_by_one_events_per_s": round(fs_rate),
+        # ...and with a batch it runs the handlers at once (an awaiting handler):
+        "io_handler_ms": IO_S * ms,
+        "faststream_batch64_events_per_s": round(fs_io_rate),
+        "faststream_batch64_out_of_order_pct": round(fs_io_late, 1),
+        "bus_ordered_events_per_s": round(raw_io_rate),
+        "bus_ordered_out_of_order_pct": round(raw_io_late, 1),
+        # Request/reply: the bus's typed endpoint (faststream) against plain nats-py.
+        "endpoint_p50_ms": round(statistics.median(typed_rr) * ms, 3),
+        "core_request_p50_ms": round(statistics.median(raw_rr) * ms, 3),
     }
     return figures
 
@@ -180,6 +328,15 @@ if __name__ == "__main__":
     print(f"burst, batch handler       {f['batched_events_per_s']} events/s, "
           f"p50 {f['batched_p50_ms']} ms, p99 {f['batched_p99_ms']} ms")
     print(f"core NATS (no JetStream)   {f['core_nats_events_per_s']} events/s")
+    print(f"faststream pull, 1/fetch   {f['faststream_one_by_one_events_per_s']} events/s, "
+          f"single p50 {f['faststream_single_p50_ms']} ms  (the only batch size that keeps "
+          "stream order)")
+    print(f"handler awaiting <={f['io_handler_ms']:.0f} ms:  faststream batch 64 "
+          f"{f['faststream_batch64_events_per_s']} events/s with "
+          f"{f['faststream_batch64_out_of_order_pct']}% out of order; the bus "
+          f"{f['bus_ordered_events_per_s']} events/s, {f['bus_ordered_out_of_order_pct']}%")
+    print(f"request/reply p50          {f['endpoint_p50_ms']} ms through a typed endpoint "
+          f"(faststream), {f['core_request_p50_ms']} ms plain nats-py")
     print(json.dumps({
         "name": "bus_latency_single_p50", "value": f["single_p50_ms"], "unit": "ms",
         "baseline": f["core_nats_p50_ms"], "baseline_name": "core NATS pub/sub p50",

@@ -4,7 +4,7 @@ Each run starts the embedded stack (real nats-server, chDB, the five
 services, 4 local nodes), trains ``examples/job.yaml``'s two-worker DDP job,
 SIGKILLs one of its nodes (agent and workers) right after the first complete
 checkpoint, and reads failover's fault record: from the kill to detection
-(fault opened), cordon (node quarantined), re-placement (the gang placed on
+(fault opened), mitigation (node quarantined), re-placement (the gang placed on
 healthy nodes) and the first training step after restart. Medians and p95
 over the runs, against the stock Kubernetes path (node-monitor grace period
 40 s + default eviction toleration 300 s before pods even move).
@@ -32,10 +32,11 @@ sys.path.insert(0, str(ROOT))
 from cli.client import read_bucket, submit  # noqa: E402
 from libs.bus import Bus  # noqa: E402
 from libs.embedded import EmbeddedStack  # noqa: E402
+from libs.records import FAULTS, JOBS, NODES, FaultRecord, JobRecord  # noqa: E402
 from libs.sdk import latest_complete_checkpoint  # noqa: E402
 
 STOCK_KUBERNETES_S = 40.0 + 300.0
-PHASES = ("detection", "cordon", "replacement", "first_step")
+PHASES = ("detection", "mitigation", "replacement", "first_step")
 
 
 async def until(fn: Any, timeout: float, every: float = 0.05) -> Any:
@@ -53,40 +54,42 @@ async def one_run(stack: EmbeddedStack) -> dict[str, float]:
     bus = await Bus.connect(stack.nats.url, "bench", token=stack.nats.token)
     try:
         async def ready() -> bool:
-            nodes = await read_bucket(bus, "nodes", missing_ok=True)
+            nodes = await read_bucket(bus, NODES, missing_ok=True)
             return len(nodes) == len(stack.node_names) and all(
-                n["state"] == "ready" for n in nodes)
+                n.state == "ready" for n in nodes.values())
 
         await until(ready, 180, 0.3)
         job = await submit(str(ROOT / "examples" / "job.yaml"))
 
-        async def placed() -> dict[str, Any] | None:
-            jobs = await read_bucket(bus, "jobs", missing_ok=True)
-            return next((j for j in jobs if j["id"] == job and j["status"] == "running"), None)
+        async def placed() -> JobRecord | None:
+            record = (await read_bucket(bus, JOBS, missing_ok=True)).get(job)
+            return record if record is not None and record.status == "running" else None
 
         record = await until(placed, 60)
         ckpt_dir = stack.state_dir / "checkpoints" / job
 
         async def checkpointed() -> Any:
-            return latest_complete_checkpoint(ckpt_dir, len(record["slots"]))
+            return latest_complete_checkpoint(ckpt_dir, len(record.slots))
 
         await until(checkpointed, 120)
-        victim = record["slots"][-1]["node"]
+        victim = record.nodes[-1]
         killed = time.time()
         stack.kill_node(victim)
 
-        async def recovered() -> dict[str, Any] | None:
-            faults = await read_bucket(bus, "faults", missing_ok=True)
-            return next((f for f in faults if f["key"] == victim and f["first_step_at"]), None)
+        async def recovered() -> FaultRecord | None:
+            faults = await read_bucket(bus, FAULTS, missing_ok=True)
+            return next((f for f in faults.values() if f.key == victim and f.first_step_at),
+                        None)
 
         fault = await until(recovered, 120, 0.2)
     finally:
         await bus.close()
+    assert fault.mitigated_at is not None
     return {
-        "detection": fault["opened_at"] - killed,
-        "cordon": fault["mitigated_at"] - killed,
-        "replacement": min(fault["replaced_at"].values()) - killed,
-        "first_step": max(fault["first_step_at"].values()) - killed,
+        "detection": fault.opened_at - killed,
+        "mitigation": fault.mitigated_at - killed,
+        "replacement": min(fault.replaced_at.values()) - killed,
+        "first_step": max(fault.first_step_at.values()) - killed,
     }
 
 

@@ -189,7 +189,7 @@ def start_collector(nats_url: str, chdb: Path, log: Path) -> subprocess.Popen[by
 
 
 async def lens(bus: Bus, query: str, **params: object) -> list[dict[str, object]]:
-    reply = await bus.request("safe.lens.query", {"query": query, "params": params},
+    reply = await bus.request("safe.query.lens.query", {"query": query, "params": params},
                               timeout_s=60)
     if not reply.get("ok"):
         raise RuntimeError(reply)

@@ -4,8 +4,8 @@ The Lens ingest benchmark (``lens_ingest.py``) shares two cores between
 nats-server, the collector and the load generator; this one isolates the
 server. A real nats-server (JetStream) takes ``--rate`` messages a second
 for ``--seconds`` into a stream, and one durable pull consumer fetches them
-in batches of 4,000 and acks them, as lens-collector does (``libs.natsfast``
-on both sides, so the client costs little). The figure is the server's CPU
+in batches of 4,000 and acks them, as lens-collector does (``libs.pull``
+over ``libs.natsfast`` on both sides, so the client costs little). The figure is the server's CPU
 (user + system, /proc) per message, for variants of one baseline: the
 agents' node message (3.9 KB), a ``Nats-Msg-Id`` on every message (the
 event contract's de-duplication id), file storage, an ack per message.
@@ -37,7 +37,8 @@ from nats.js import api  # noqa: E402
 
 from bench.lens_ingest import cpu_seconds  # noqa: E402
 from libs.embedded import NatsServer  # noqa: E402
-from libs.natsfast import FastPublisher, FastPuller  # noqa: E402
+from libs.natsfast import FastPublisher, LeanLink  # noqa: E402
+from libs.pull import Puller  # noqa: E402
 
 SLICES = 20  # publish bursts per second, as lens_ingest
 
@@ -75,7 +76,7 @@ async def measure(v: Variant, rate: int, seconds: int, tmp: Path) -> float:
             ack_policy=api.AckPolicy.ALL if v.ack_all else api.AckPolicy.EXPLICIT))
         publisher = FastPublisher(server.url, name="load")
         await publisher.start()
-        puller = FastPuller(nc, server.url, None, "T", "c")
+        puller = Puller(LeanLink(nc, server.url, None, name="cost"), "T", "c")
         await puller.start()
         total, per_slice, got = rate * seconds, rate // SLICES, 0
         payload = b"x" * v.size

@@ -59,7 +59,7 @@ def build_cluster(racks: int, per_rack: int, *, switches: int, seed: int) -> lis
     for r in range(racks):
         model = "MI300X" if r < racks * 4 // 5 else "MI325X"
         for i in range(per_rack):
-            state = "ready" if rng.random() > 0.01 else rng.choice(["cordoned", "faulted"])
+            state = "ready" if rng.random() > 0.01 else "quarantined"
             nodes.append(Node(f"gpu-{r:03d}-{i:03d}", 8, model, rack=f"r{r:03d}",
                               switch=f"s{r % switches:02d}", ip=f"10.{r // 200}.{r % 200}.{i + 1}",
                               state=state))

@@ -24,8 +24,16 @@ from rich.status import Status
 
 from cli.client import CliError, connect, read_bucket
 from cli.output import load_settings, print_rows
-from libs.events import BenchRequest, BenchRequestData, BenchResult, check_key, parse_event
-from services.bench.protocol import PROGRESS_SUBJECT, REPORT_SUBJECT, SWEEP_SUBJECT
+from libs.events import BenchRequest, BenchRequestData, BenchResult, check_key
+from libs.records import NODES
+from services.bench.protocol import (
+    PROGRESS,
+    REPORT,
+    SWEEP,
+    BenchProgress,
+    SweepReply,
+    SweepRequest,
+)
 
 console = Console(stderr=True)
 # Without word from the agent or the coordinator for this long, stop waiting
@@ -60,12 +68,8 @@ async def _run(node: str, level: str, timeout_s: float, status: Status | None) -
             status.update(f"{level} bench on {node}: {text} "
                           f"({time.monotonic() - watch.started:.0f} s)")
 
-    async def on_result(msg: Any) -> None:
-        try:
-            event = parse_event(msg.data)
-        except ValueError:
-            return
-        if not isinstance(event, BenchResult) or not watch.ours(event):
+    async def on_result(event: BenchResult) -> None:
+        if not watch.ours(event):
             return
         watch.heard = time.monotonic()
         if event.data.judged_by == "coordinator":
@@ -79,16 +83,18 @@ async def _run(node: str, level: str, timeout_s: float, status: Status | None) -
         changed.set()
 
     async def on_progress(msg: Any) -> None:
-        with_id = json.loads(msg.data)
-        if str(with_id.get("request_id", "")).startswith(watch.request_id):
+        try:
+            line = BenchProgress.model_validate_json(msg.data)
+        except ValueError:
+            return
+        if line.request_id.startswith(watch.request_id):
             watch.heard = time.monotonic()
-            retry = "-retry" in with_id["request_id"]
-            show(("retry: " if retry else "") + str(with_id.get("step", "")))
+            show(("retry: " if "-retry" in line.request_id else "") + line.step)
 
     try:
         # Listen before asking, so a fast agent's answer is not missed.
-        subs = [await bus.nc.subscribe(f"safe.bench.{node}.result", cb=on_result),
-                await bus.nc.subscribe(PROGRESS_SUBJECT.format(node=node), cb=on_progress)]
+        subs = [await bus.listen(BenchResult, on_result, node=node),
+                await bus.subscribe(PROGRESS, on_progress, node=node)]
         await bus.publish(request)
         deadline = time.monotonic() + timeout_s
         try:
@@ -149,14 +155,14 @@ def run(args: argparse.Namespace) -> int:
 async def _report() -> list[dict[str, Any]]:
     bus = await connect(load_settings())
     try:
-        reply = await bus.request(REPORT_SUBJECT, timeout_s=10)
+        reply = await bus.ask(REPORT, timeout_s=10)
     except Exception as exc:
         raise CliError(f"bench-coordinator did not answer ({exc!r}); is it running?") from None
     finally:
         await bus.close()
-    if not reply.get("ok"):
-        raise CliError(f"bench-coordinator could not report: {reply.get('error')}")
-    return reply["rows"]
+    if not reply.ok:
+        raise CliError(f"bench-coordinator could not report: {reply.error}")
+    return [row.model_dump() for row in reply.rows]
 
 
 def report(args: argparse.Namespace) -> int:
@@ -173,15 +179,15 @@ def report(args: argparse.Namespace) -> int:
     return 0
 
 
-async def _sweep(nodes: list[str], level: str, turns: bool, timeout_s: float) -> dict[str, Any]:
+async def _sweep(nodes: list[str], level: str, turns: bool, timeout_s: float) -> SweepReply:
     bus = await connect(load_settings())
     try:
         if not nodes:
-            nodes = sorted(r["spec"]["name"] for r in await read_bucket(bus, "nodes"))
+            nodes = sorted(await read_bucket(bus, NODES))
         if not nodes:
             raise CliError("no nodes: name them with --nodes or register them with bootstrap")
-        reply = await bus.request(SWEEP_SUBJECT, {"nodes": nodes, "level": level,
-                                                  "turns": turns}, timeout_s=timeout_s)
+        reply = await bus.ask(SWEEP, SweepRequest(nodes=nodes, level=level,  # type: ignore[arg-type]
+                                                  turns=turns), timeout_s=timeout_s)
     except CliError:
         raise
     except Exception as exc:
@@ -189,8 +195,9 @@ async def _sweep(nodes: list[str], level: str, turns: bool, timeout_s: float) ->
                        "is it running?") from None
     finally:
         await bus.close()
-    if not reply.get("ok"):
-        raise CliError(f"sweep refused: {reply.get('error')}")
+    if not reply.ok:
+        raise CliError(f"sweep refused: {reply.error}")
+    assert isinstance(reply, SweepReply)
     return reply
 
 
@@ -200,12 +207,12 @@ def sweep(args: argparse.Namespace) -> int:
     nodes = [check_key(n, "node name") for n in (args.nodes or "").split(",") if n]
     with console.status(f"{args.level} sweep of {len(nodes) or 'all'} node(s)"):
         reply = asyncio.run(_sweep(nodes, args.level, args.turns, args.timeout))
-    rows = [{"node": n, **v} for n, v in sorted(reply["verdicts"].items())]
+    rows = [{"node": n, **v.model_dump()} for n, v in sorted(reply.verdicts.items())]
     if args.json:
-        print(json.dumps(reply, indent=2))
+        print(reply.model_dump_json(indent=2))
     else:
         print_rows(rows, False, ["node", "outcome", "score", "retried", "reason"],
-                   f"sweep {reply['session']} ({reply['seconds']:.0f} s)")
-        if reply["missing"]:
-            console.print(f"[red]no result from: {', '.join(reply['missing'])}[/]")
-    return 0 if all(r["outcome"] != "failed" for r in rows) and not reply["missing"] else 1
+                   f"sweep {reply.session} ({reply.seconds:.0f} s)")
+        if reply.missing:
+            console.print(f"[red]no result from: {', '.join(reply.missing)}[/]")
+    return 0 if all(r["outcome"] != "failed" for r in rows) and not reply.missing else 1

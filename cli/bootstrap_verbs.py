@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from cli.client import CliError
+from cli.routes import ROUTES as CLI_ROUTES
 from libs.inventory import HostsFile, HostSpec
 from libs.specs import load_model
 
@@ -104,7 +105,7 @@ async def _run(args: argparse.Namespace, hosts: HostsFile, extravars: dict[str, 
 
     settings = load_settings()
     url, token = bus_target(settings)
-    bus = await open_bus(url, token, settings)
+    bus = await open_bus(url, token, settings, routes=CLI_ROUTES)
     try:
         live = await read_live(bus, url) if bus is not None else None
         root = Path(args.out)

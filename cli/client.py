@@ -5,22 +5,25 @@ plus reads of the owners' KV buckets and Lens's named queries."""
 from __future__ import annotations
 
 import json
-import os
+import re
 import socket
+import sys
 import uuid
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from nats.js.errors import BucketNotFoundError, NoKeysError
+from nats.js.errors import BucketNotFoundError
 
+from cli.routes import ROUTES as CLI_ROUTES
 from libs.bus import Bus
 from libs.embedded import STACK_FILE, StackFileError, is_running, read_stack_file
 from libs.events import JobSpec, JobSubmitted, JobSubmittedData, check_key
+from libs.records import BucketSpec, R
 from libs.settings import Settings
 from libs.specs import load_model
-
-LENS_QUERY_SUBJECT = "safe.lens.query"
+from services.lens_collector.protocol import LENS_QUERY, LensQuery
+from services.scheduler.protocol import ADMISSION, AdmissionReply, AdmissionRequest
 
 
 class CliError(Exception):
@@ -41,7 +44,7 @@ def find_bus(settings: Settings) -> tuple[str, str | None, str]:
     """The bus URL, its token, and where they came from (for error lines):
     PRIMUS_NATS_URL when set, else the embedded stack's stack.json, else the
     default URL. A corrupt stack.json is a CliError naming it."""
-    if "PRIMUS_NATS_URL" in os.environ:
+    if "nats_url" in settings.model_fields_set:  # PRIMUS_NATS_URL or the settings file
         return settings.nats_url, settings.nats_token, "PRIMUS_NATS_URL"
     path = (Path(settings.state_dir) / STACK_FILE).resolve()
     try:
@@ -101,7 +104,7 @@ async def connect(settings: Settings) -> Bus:
     if reason is None:
         try:
             return await Bus.connect(url, "cli", token=token, timeout_s=CONNECT_TIMEOUT_S,
-                                     **settings.nats_auth)
+                                     routes=CLI_ROUTES, **settings.nats_auth)
         except ConnectionError as exc:
             reason = str(exc.__cause__ or "") or f"no NATS handshake within {CONNECT_TIMEOUT_S} s"
             if "TLS" in str(exc):
@@ -112,34 +115,52 @@ async def connect(settings: Settings) -> Bus:
     raise CliError(f"cannot reach the bus at {url} ({reason}); looked at {where}; {fix}")
 
 
-async def read_bucket(bus: Bus, bucket: str, *, missing_ok: bool = False) -> list[dict[str, Any]]:
+async def read_bucket(bus: Bus, spec: BucketSpec[R], *, missing_ok: bool = False
+                      ) -> dict[str, R]:
+    """Every record of a state bucket, by key, read through its model. A
+    record this release cannot read (a newer version) is named on stderr and
+    left out rather than failing the verb."""
     try:
-        kv = await bus.kv(bucket)
-        keys = await kv.keys()
-    except NoKeysError:
-        return []
+        records = await bus.records(spec)
+        found = await records.load()
     except BucketNotFoundError:
         if missing_ok:
-            return []
-        raise CliError(f"no {bucket!r} bucket on this bus: no platform service has run here; "
-                       "start one with `primus-safe up`") from None
+            return {}
+        raise CliError(f"no {spec.name!r} bucket on this bus: no platform service has run "
+                       "here; start one with `primus-safe up`") from None
     except Exception as exc:
-        raise CliError(f"cannot read the {bucket!r} bucket: {exc}; is the platform up?") from None
-    records = []
-    for key in sorted(keys):
-        records.append(json.loads((await kv.get(key)).value))
-    return records
+        raise CliError(f"cannot read the {spec.name!r} bucket: {exc}; is the platform up?"
+                       ) from None
+    for key, why in records.unreadable.items():
+        print(f"primus-safe: skipped {spec.name}/{key}: {why}", file=sys.stderr)
+    return found
 
 
 async def lens_query(bus: Bus, name: str, **params: Any) -> list[dict[str, Any]]:
     try:
-        reply = await bus.request(LENS_QUERY_SUBJECT, {"query": name, "params": params},
-                                  timeout_s=15)
+        reply = await bus.ask(LENS_QUERY, LensQuery(query=name, params=params), timeout_s=15)
     except Exception as exc:
         raise CliError(f"lens-collector did not answer ({exc!r}); is it running?") from None
-    if not reply.get("ok"):
-        raise CliError(f"lens query {name!r} failed: {reply.get('error')}")
-    return [dict(zip(reply["columns"], row, strict=True)) for row in reply["rows"]]
+    if not reply.ok:
+        raise CliError(f"lens query {name!r} failed: {reply.error}")
+    return [dict(zip(reply.columns, row, strict=True)) for row in reply.rows]
+
+
+def _admitted(answer: AdmissionReply, path: str) -> None:
+    """Raise the scheduler's refusal, naming the job file's line and field;
+    say so when the job is accepted as unschedulable."""
+    if answer.verdict == "refused":
+        field = answer.field or ""
+        where = f"field {field} (not set in the file): " if field else ""
+        text = Path(path).read_text(errors="replace").splitlines()
+        for number, line in enumerate(text, 1):
+            if field and re.match(rf"\s*{re.escape(field)}\s*:", line):
+                where = f"line {number}, field {field}: "
+                break
+        raise CliError(f"{path}: {where}refused: {answer.reason}")
+    if answer.verdict == "unschedulable":
+        print(f"primus-safe submit: accepted as unschedulable: {answer.reason}; it waits for "
+              f"the cluster to grow and does not hold up the jobs behind it", file=sys.stderr)
 
 
 def resolve_paths(spec: JobSpec, job_file: Path) -> JobSpec:
@@ -161,33 +182,17 @@ async def submit(path: str) -> str:
         # Ask the scheduler leader first, so a job that can never run is
         # refused before it has an id; without an answer the job goes anyway
         # (the scheduler checks it again when it reads job.submitted).
-        import re
-        import sys
-
-        from services.scheduler.protocol import ADMISSION_SUBJECT
         try:
-            answer = await bus.request(ADMISSION_SUBJECT, {"spec": spec.model_dump(mode="json")},
-                                       timeout_s=2.0)
+            answer = await bus.ask(ADMISSION, AdmissionRequest(spec=spec), timeout_s=2.0)
         except Exception:
-            answer = {}
+            answer = None
             print("primus-safe submit: no scheduler answered within 2 s; submitting anyway "
                   "(the scheduler checks the job when it reads it)", file=sys.stderr)
-        if answer.get("ok") is False:
+        if answer is not None and not answer.ok:
             print(f"primus-safe submit: the scheduler could not check the job "
-                  f"({answer.get('error')}); submitting anyway", file=sys.stderr)
-        reason = answer.get("reason") or ""
-        if answer.get("verdict") == "refused":
-            field = answer.get("field") or ""
-            where = f"field {field} (not set in the file): " if field else ""
-            text = Path(path).read_text(errors="replace").splitlines()
-            for number, line in enumerate(text, 1):
-                if field and re.match(rf"\s*{re.escape(field)}\s*:", line):
-                    where = f"line {number}, field {field}: "
-                    break
-            raise CliError(f"{path}: {where}refused: {reason}")
-        if answer.get("verdict") == "unschedulable":
-            print(f"primus-safe submit: accepted as unschedulable: {reason}; it waits for the "
-                  f"cluster to grow and does not hold up the jobs behind it", file=sys.stderr)
+                  f"({answer.error}); submitting anyway", file=sys.stderr)
+        elif isinstance(answer, AdmissionReply):
+            _admitted(answer, path)
         await bus.publish(JobSubmitted(source="cli", job=job, data=JobSubmittedData(spec=spec)))
     finally:
         await bus.close()

@@ -9,23 +9,30 @@ from pathlib import Path
 from typing import Any
 
 from cli.client import CliError, connect, lens_query, read_bucket
+from libs.records import JOBS, JobRecord
 from libs.settings import Settings
 
 
 async def explain(job: str, settings: Settings) -> dict[str, Any]:
+    """The ``--json`` document: the job's record, its history from Lens (or
+    why there is none) and its workers' log files."""
     bus = await connect(settings)
     try:
-        record = next((r for r in await read_bucket(bus, "jobs") if r["id"] == job), None)
+        record = (await read_bucket(bus, JOBS)).get(job)
         if record is None:
             raise CliError(f"no job {job!r}; `primus-safe jobs` lists them")
+        note = None
         try:
             history = await lens_query(bus, "events", job=job, node="", limit=500)
         except CliError as exc:
-            history, record["history_note"] = [], str(exc)
+            history, note = [], str(exc)
     finally:
         await bus.close()
-    return {"job": record, "history": history,
-            "logs": worker_logs(Path(settings.state_dir), job, record.get("attempt") or 0)}
+    doc: dict[str, Any] = {"job": record.model_dump(mode="json"), "history": history,
+                           "logs": worker_logs(Path(settings.state_dir), job, record.attempt)}
+    if note is not None:
+        doc["history_note"] = note
+    return doc
 
 
 def worker_logs(state_dir: Path, job: str, attempt: int) -> list[str]:
@@ -36,27 +43,28 @@ def worker_logs(state_dir: Path, job: str, attempt: int) -> list[str]:
 
 
 def describe(doc: dict[str, Any]) -> str:
-    r, spec = doc["job"], doc["job"]["spec"]
-    lines = [f"job {r['id']} ({spec['name']}): {r['status']}; workspace {spec['workspace']}, "
-             f"priority {spec['priority']}, {spec['workers']} worker(s) x "
-             f"{spec['gpus_per_worker']} GPU(s); attempt {r['attempt']}, "
-             f"{r['retries']} of {spec['max_retry']} retries used"]
-    if r["status"] in ("running", "terminating"):
-        where = ", ".join(f"rank {s['rank']} on {s['node']}" for s in r["slots"])
+    """The document ``explain`` made, as lines for a person."""
+    r = JobRecord.model_validate(doc["job"])
+    spec = r.spec
+    lines = [f"job {r.id} ({spec.name}): {r.status}; workspace {spec.workspace}, "
+             f"priority {spec.priority}, {spec.workers} worker(s) x "
+             f"{spec.gpus_per_worker} GPU(s); attempt {r.attempt}, "
+             f"{r.retries} of {spec.max_retry} retries used"]
+    if r.holds_gpus:
+        where = ", ".join(f"rank {s.rank} on {s.node}" for s in r.slots)
         lines.append(f"runs on: {where}")
-        if r["status"] == "terminating":
-            lines.append(f"stopping: {r['reason']}")
-    elif r["status"] == "pending" and r.get("code") == "unschedulable":
-        lines.append(f"unschedulable: {r['reason']}; it waits for the cluster to grow (checked "
+        if r.status == "terminating":
+            lines.append(f"stopping: {r.reason}")
+    elif r.status == "pending" and r.code == "unschedulable":
+        lines.append(f"unschedulable: {r.reason}; it waits for the cluster to grow (checked "
                      f"again as nodes register) and does not hold up the jobs behind it")
-    elif r["status"] == "pending":
-        lines.append(f"waits: position {r['position']} in workspace {spec['workspace']}: "
-                     f"{r['reason'] or 'not considered yet'}" + (f" [{r['code']}]" if r.get(
-                         "code") else ""))
-        if r.get("recovering"):
-            lines.append(f"recovering: served first, avoiding {', '.join(r['exclude_nodes'])}")
-    elif r["reason"]:
-        lines.append(f"ended: {r['reason']}")
+    elif r.status == "pending":
+        lines.append(f"waits: position {r.position} in workspace {spec.workspace}: "
+                     f"{r.reason or 'not considered yet'}" + (f" [{r.code}]" if r.code else ""))
+        if r.recovering:
+            lines.append(f"recovering: served first, avoiding {', '.join(r.exclude_nodes)}")
+    elif r.reason:
+        lines.append(f"ended: {r.reason}")
     if doc.get("logs"):
         lines.append("worker logs: " + ", ".join(doc["logs"]))
     if doc["history"]:
@@ -64,8 +72,8 @@ def describe(doc: dict[str, Any]) -> str:
         for e in doc["history"]:
             data = json.loads(e["data"]) if isinstance(e["data"], str) else e["data"]
             lines.append(f"  {e['time']}  {e['type']:<15} {_summary(e['type'], data)}")
-    elif r.get("history_note"):
-        lines.append(f"history unavailable: {r['history_note']}")
+    elif doc.get("history_note"):
+        lines.append(f"history unavailable: {doc['history_note']}")
     return "\n".join(lines)
 
 

@@ -11,6 +11,7 @@ import asyncio
 import json
 import os
 import sys
+from collections.abc import Iterable
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,7 @@ from cli import lens_verbs
 from cli.client import CliError, connect, read_bucket, submit
 from cli.output import load_settings, print_rows
 from libs.events import check_key
+from libs.records import FAULTS, JOBS, NODES, BucketSpec, JobRecord, NodeRecord, R
 from libs.specs import SpecError
 
 SERVICE_VERBS = ("bootstrap", "scheduler", "bench-agent", "bench-coordinator", "lens-collector",
@@ -85,29 +87,28 @@ def run_service_verb(args: argparse.Namespace) -> int:
 
 
 
-async def listing(bucket: str) -> list[dict[str, Any]]:
+async def listing(spec: BucketSpec[R]) -> list[R]:
     bus = await connect(load_settings())
     try:
-        return await read_bucket(bus, bucket)
+        return list((await read_bucket(bus, spec)).values())
     finally:
         await bus.close()
 
 
-def job_rows(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def job_rows(records: Iterable[JobRecord]) -> list[dict[str, Any]]:
     return [{
-        "job": r["id"], "status": r["status"], "attempt": r["attempt"],
-        "workers": f"{r['spec']['workers']}x{r['spec']['gpus_per_worker']}",
-        "priority": r["spec"]["priority"], "nodes": [s["node"] for s in r["slots"]],
-        "position": r["position"] if r["status"] == "pending" else None,
-        "reason": r["reason"], "code": r.get("code", ""), "retries": r.get("retries", 0),
+        "job": r.id, "status": r.status, "attempt": r.attempt,
+        "workers": f"{r.spec.workers}x{r.spec.gpus_per_worker}",
+        "priority": r.spec.priority, "nodes": r.nodes,
+        "position": r.position if r.status == "pending" else None,
+        "reason": r.reason, "code": r.code, "retries": r.retries,
     } for r in records]
 
 
-def node_rows(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def node_rows(records: Iterable[NodeRecord]) -> list[dict[str, Any]]:
     return [{
-        "node": r["spec"]["name"], "state": r["state"], "ip": r["spec"]["ip"],
-        "gpu_model": r["spec"]["gpu_model"], "gpus": r["spec"]["gpu_count"],
-        "rack": r["spec"]["labels"].get("rack", ""), "reason": r["reason"],
+        "node": r.name, "state": r.state, "ip": r.spec.ip, "gpu_model": r.spec.gpu_model,
+        "gpus": r.spec.gpu_count, "rack": r.spec.rack, "reason": r.reason,
     } for r in records]
 
 
@@ -210,7 +211,7 @@ def dispatch(args: argparse.Namespace) -> int:
         print(asyncio.run(submit(args.file)))
         return 0
     if args.verb == "jobs":
-        rows = job_rows(asyncio.run(listing("jobs")))
+        rows = job_rows(asyncio.run(listing(JOBS)))
         print_rows(rows, args.json, ["job", "status", "attempt", "workers", "priority", "nodes",
                                  "position", "reason"], "jobs")
         return 0
@@ -221,19 +222,18 @@ def dispatch(args: argparse.Namespace) -> int:
         print(json.dumps(doc, indent=2, default=str) if args.json else describe(doc))
         return 0
     if args.verb == "nodes":
-        rows = node_rows(asyncio.run(listing("nodes")))
+        rows = node_rows(asyncio.run(listing(NODES)))
         print_rows(rows, args.json, ["node", "state", "ip", "gpu_model", "gpus", "rack", "reason"],
                "nodes")
         return 0
     if args.verb in ("faults", "failover"):
-        from services.failover.faults import Fault
-
-        rows = asyncio.run(listing("faults"))
+        faults = asyncio.run(listing(FAULTS))
+        rows = [r.model_dump(mode="json", exclude={"version", "timings"}) for r in faults]
         if args.verb == "failover":
-            rows = [{**r, **Fault(**r).timings()} for r in rows
-                    if r["failover"] and r["jobs"]]
+            rows = [{**row, **r.timings} for row, r in zip(rows, faults, strict=True)
+                    if r.failover and r.jobs]
             print_rows(rows, args.json, ["fault_id", "key", "kind", "status", "jobs",
-                                         "detection_s", "cordon_s", "replacement_s",
+                                         "detection_s", "mitigation_s", "replacement_s",
                                          "first_step_s"], "recoveries")
             return 0
         print_rows(rows, args.json, ["fault_id", "key", "kind", "scope", "status", "jobs",

@@ -20,6 +20,7 @@ from typing import Any
 from rich.console import Console
 
 from cli.client import CliError, connect, lens_query, read_bucket, submit
+from cli.routes import ROUTES as CLI_ROUTES
 from libs.bus import Bus
 from libs.embedded import (
     EmbeddedStack,
@@ -28,17 +29,19 @@ from libs.embedded import (
     claim_state_dir,
     lock_state_dir,
 )
-from libs.events import SUBJECT_ROOT, NodeHeartbeat, parse_event
+from libs.events import NodeHeartbeat
 from libs.logs import configure
+from libs.records import FAULTS, JOBS, NODES, FaultRecord, JobRecord
 from libs.sdk import latest_complete_checkpoint
 from libs.settings import Settings
-from services.failover.faults import Fault
 
 console = Console(stderr=True)
 
 
 def _state_dir(args: argparse.Namespace, default: str) -> Path:
-    return Path(args.state_dir or os.environ.get("PRIMUS_STATE_DIR") or default).resolve()
+    settings = Settings()
+    configured = settings.state_dir if "state_dir" in settings.model_fields_set else None
+    return Path(args.state_dir or configured or default).resolve()
 
 
 def up(args: argparse.Namespace) -> int:
@@ -102,13 +105,10 @@ async def _wait_nodes_ready(stack: EmbeddedStack, timeout_s: float,
     bus = await _stack_bus(stack)
     beating: set[tuple[str, int]] = set()
 
-    async def on_beat(msg: Any) -> None:
-        with contextlib.suppress(Exception):  # a foreign message is not a beat
-            event = parse_event(msg.data)
-            if isinstance(event, NodeHeartbeat):
-                beating.add((event.node, event.data.pid))
+    async def on_beat(event: NodeHeartbeat) -> None:
+        beating.add((event.node, event.data.pid))
 
-    sub = await bus.nc.subscribe(f"{SUBJECT_ROOT}.node.*.heartbeat", cb=on_beat)
+    sub = await bus.listen(NodeHeartbeat, on_beat)
     try:
         def live() -> set[str]:
             return {n for n in stack.node_names if (n, stack.procs[f"agent-{n}"].pid) in beating}
@@ -117,8 +117,8 @@ async def _wait_nodes_ready(stack: EmbeddedStack, timeout_s: float,
             if stop():
                 return -1  # Ctrl-C while starting: up stops, no error
             stack.supervise()  # a child that dies while we wait is restarted too
-            nodes = {n["spec"]["name"]: n["state"] for n in
-                     await read_bucket(bus, "nodes", missing_ok=True)}
+            nodes = {n.name: n.state for n in
+                     (await read_bucket(bus, NODES, missing_ok=True)).values()}
             alive = live()
             done = [n for n in stack.node_names if nodes.get(n) == "ready" and n in alive]
             return len(done) if len(done) == len(stack.node_names) else 0
@@ -135,7 +135,8 @@ async def _stack_bus(stack: EmbeddedStack) -> Bus:
     deadline = time.monotonic() + 10
     while True:
         try:
-            return await Bus.connect(stack.nats.url, "demo", token=stack.nats.token)
+            return await Bus.connect(stack.nats.url, "demo", token=stack.nats.token,
+                                     routes=CLI_ROUTES)
         except ConnectionError:
             if time.monotonic() > deadline:
                 raise
@@ -192,19 +193,19 @@ async def _demo(stack: EmbeddedStack, job_file: str) -> dict[str, Any]:
     mark(f"job {job} submitted")
     bus = await connect(Settings())
     try:
-        async def job_record() -> dict[str, Any] | None:
-            return next((j for j in await read_bucket(bus, "jobs") if j["id"] == job), None)
+        async def job_record() -> JobRecord | None:
+            return (await read_bucket(bus, JOBS)).get(job)
 
-        async def running() -> dict[str, Any] | None:
+        async def running() -> JobRecord | None:
             record = await job_record()
-            return record if record and record["status"] == "running" else None
+            return record if record and record.status == "running" else None
 
         with console.status("waiting for the gang to be placed"):
             record = await _poll(running, "the job to be placed", 60)
-        first_nodes = [s["node"] for s in record["slots"]]
+        first_nodes = record.nodes
         mark(f"placed on {', '.join(first_nodes)}; training")
         ckpt_dir = stack.state_dir / "checkpoints" / job
-        workers = len(record["slots"])
+        workers = len(record.slots)
 
         async def checkpointed() -> Any:
             return latest_complete_checkpoint(ckpt_dir, workers)
@@ -217,47 +218,45 @@ async def _demo(stack: EmbeddedStack, job_file: str) -> dict[str, Any]:
         stack.kill_node(victim)
         mark(f"fault injected: SIGKILL of {victim}'s agent and workers")
 
-        async def fault() -> dict[str, Any] | None:
-            faults = await read_bucket(bus, "faults", missing_ok=True)
-            return next((f for f in faults if f["key"] == victim), None)
+        async def fault() -> FaultRecord | None:
+            faults = await read_bucket(bus, FAULTS, missing_ok=True)
+            return next((f for f in faults.values() if f.key == victim), None)
 
         with console.status("waiting for failover to notice"):
             opened = await _poll(fault, "failover to open a fault", 60, every_s=0.1)
         detection_s = time.monotonic() - killed_at
-        mark(f"fault opened: {opened['kind']} on {victim}")
+        mark(f"fault opened: {opened.kind} on {victim}")
 
-        async def finished() -> dict[str, Any] | None:
+        async def finished() -> JobRecord | None:
             record = await job_record()
-            return record if record and record["status"] in ("completed", "failed") else None
+            return record if record and record.status in ("completed", "failed") else None
 
         with console.status("waiting for the job to resume elsewhere and finish"):
             final = await _poll(finished, "the job to finish", 150)
-        mark(f"job {final['status']} after {final['attempt']} attempt(s)")
+        mark(f"job {final.status} after {final.attempt} attempt(s)")
 
         async def lens_has_it() -> list[dict[str, Any]] | None:
             rows = await lens_query(bus, "job_attempts", job=job)
-            return rows if len(rows) >= final["attempt"] else None
+            return rows if len(rows) >= final.attempt else None
 
         attempts = await _poll(lens_has_it, "Lens to store the job's telemetry", 30)
         summary = (await lens_query(bus, "job_summary", job=job))[0]
-        nodes = await read_bucket(bus, "nodes")
+        nodes = await read_bucket(bus, NODES)
         events = await lens_query(bus, "event_ids")
 
-        async def recovered() -> dict[str, Any] | None:
-            faults = await read_bucket(bus, "faults", missing_ok=True)
-            fault = next((f for f in faults if f["fault_id"] == opened["fault_id"]), None)
-            return fault if fault and fault["first_step_at"] else None
+        async def recovered() -> FaultRecord | None:
+            fault = (await read_bucket(bus, FAULTS, missing_ok=True)).get(opened.fault_id)
+            return fault if fault and fault.first_step_at else None
 
-        fault = await _poll(recovered, "failover to time the recovery", 30)
-        timings = Fault(**fault).timings()
+        timings = (await _poll(recovered, "failover to time the recovery", 30)).timings
     finally:
         await bus.close()
     return {
         "job": job,
-        "job_status": final["status"],
-        "attempts": final["attempt"],
+        "job_status": final.status,
+        "attempts": final.attempt,
         "first_nodes": first_nodes,
-        "final_nodes": [s["node"] for s in final["slots"]],
+        "final_nodes": final.nodes,
         "killed_node": victim,
         "checkpoint_iteration": ckpt.iteration,
         "resumed_at_iteration": attempts[-1]["first_iteration"],
@@ -266,7 +265,7 @@ async def _demo(stack: EmbeddedStack, job_file: str) -> dict[str, Any]:
         "loss_last": summary["last_loss"],
         "detection_s": round(detection_s, 2),
         "recovery_s": timings,
-        "node_states": {n["spec"]["name"]: n["state"] for n in nodes},
+        "node_states": {n.name: n.state for n in nodes.values()},
         "events_stored": len(events),
         "telemetry_samples": summary["samples"],
         "timeline_s": marks,
@@ -285,7 +284,7 @@ def _print_summary(s: dict[str, Any]) -> None:
         f"iteration {s['resumed_at_iteration']} on {', '.join(s['final_nodes'])} and reached "
         f"{s['last_iteration']} (loss {s['loss_first']:.3f} -> {s['loss_last']:.3f}).\n"
         f"  Recovery, from the node's last heartbeat: detected {r['detection_s']} s, "
-        f"cordoned {r['cordon_s']} s, re-placed {r['replacement_s']} s, first training step "
+        f"quarantined {r['mitigation_s']} s, re-placed {r['replacement_s']} s, first training step "
         f"{r['first_step_s']} s.\n"
         f"  Lens stored {s['telemetry_samples']} job samples and {s['events_stored']} events; "
         f"node states: {s['node_states']}.\n  Total {s['total_s']} s."

@@ -1,19 +1,22 @@
-"""Bus helpers over NATS JetStream: one place that knows streams, KV buckets,
-de-duplicated publishing, durable batch pull consumers and dead-lettering.
-
-Delivery is at-least-once. A consumer acks only after its handler returned
-(the effect is durable); a message that cannot be decoded or validated (or is
-of a newer version than this code reads, or is on a subject its type does not
-belong to) goes to ``safe.dlq.<service>`` with the reason in a header, is
-counted, and is acked so it never blocks the stream; a handler that keeps
-failing is dead-lettered after ``max_deliver`` tries.
+"""The bus, over NATS JetStream: one place that knows how to connect,
+publish events de-duplicated, read and write the state buckets, consume
+(``libs.consume``), dead-letter, and serve and call request/reply endpoints.
 
 Nothing this module sends may exceed the server's payload limit: the server
 answers an oversized message by closing the connection, and nats-py then
 gives up on it for good. A dead letter whose body would not fit is cut, with
 the body's size and digest in its headers; an event too large to publish is
-refused here with a clear error. A connection that closes all the same is
-reported to ``on_connection_lost`` watchers (the service shell reconnects).
+refused here with a clear error; a reply too large is replaced by an error
+reply. A connection that closes all the same is reported to
+``on_connection_lost`` watchers (the service shell reconnects).
+
+The connection is made by faststream's ``NatsBroker``, whose typed core
+subscribers answer the endpoints of a service's route table: the request
+is validated into its model at the edge, the handler's return value is the
+reply, and a refused or failed request is answered ``{"ok": false,
+"error": ...}``, never with silence. A bus that carries a route table
+(``routes``) refuses to publish an event or use an endpoint the table does
+not name (``UndeclaredRoute``).
 """
 
 from __future__ import annotations
@@ -21,92 +24,77 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import inspect
 import json
 import ssl
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import quote, urlsplit, urlunsplit
 
 import nats
 import nats.errors
 import nats.js.errors
+from faststream import ExceptionMiddleware
+from faststream.nats import NatsBroker
+from faststream.nats.broker.broker import UNRECOVERABLE_CONNECT_ERRORS
+from faststream.nats.security import NatsSecurity, NatsToken, NatsUserPassword
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.js import api
 from nats.js.kv import KeyValue
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
-from libs import natsfast
-from libs.events import SUBJECT_ROOT, Event, UnsupportedVersion, encode_event, read_event
-from libs.logs import get_logger
-from libs.natsfast import FastPuller
-from libs.pull import Puller
-
-DAY = 24 * 3600.0
-
-
-@dataclass(frozen=True)
-class StreamSpec:
-    name: str
-    subjects: tuple[str, ...]
-    max_age_s: float
-    duplicate_window_s: float = 120.0
-
-    def config(self, replicas: int = 1) -> api.StreamConfig:
-        return api.StreamConfig(
-            name=self.name,
-            subjects=list(self.subjects),
-            storage=api.StorageType.FILE,
-            retention=api.RetentionPolicy.LIMITS,
-            max_age=self.max_age_s,
-            duplicate_window=self.duplicate_window_s,
-            num_replicas=replicas,
-        )
-
-
-CONTROL = StreamSpec(
-    "CONTROL",
-    tuple(f"{SUBJECT_ROOT}.{d}.>" for d in ("node", "job", "worker", "bench", "fault"))
-    # Lens alerts only: safe.lens.query is request-reply and must stay out.
-    + (f"{SUBJECT_ROOT}.lens.alert.>",),
-    max_age_s=30 * DAY,
+from libs.consume import (
+    MAX_ORIGIN_CHARS,
+    BatchHandler,
+    Consumers,
+    ConsumerStats,
+    EventHandler,
+    RawBatchHandler,
+    event_or_reason,
 )
-# ClickHouse keeps the telemetry history; the stream only buffers it.
-TELEMETRY = StreamSpec("TELEMETRY", (f"{SUBJECT_ROOT}.telemetry.>",), 1 * DAY, 30.0)
-DEADLETTER = StreamSpec("DEADLETTER", (f"{SUBJECT_ROOT}.dlq.>",), 30 * DAY)
-STREAMS: tuple[StreamSpec, ...] = (CONTROL, TELEMETRY, DEADLETTER)
+from libs.events import Event, encode_event, parse_event
+from libs.kv import Records
+from libs.logs import get_logger
+from libs.records import BucketSpec, R
+from libs.routes import Endpoint, Reply, Routes
+from libs.topology import (  # noqa: F401  (the bus's names for them)
+    CONTROL,
+    DEADLETTER,
+    HEALTH_SUBJECT,
+    KV_BUCKETS,
+    QUERY_SUBJECT,
+    STREAMS,
+    TELEMETRY,
+    StreamSpec,
+)
 
-# Current state, each bucket written by its owner only.
-KV_BUCKETS: dict[str, str] = {
-    "nodes": "bootstrap: inventory and onboarding state per node",
-    "inventory": "bootstrap: the hosts file an operator last handed over with bootstrap apply",
-    "jobs": "scheduler: job lifecycle, placement and pending reason per job",
-    "faults": "failover: fault records",
-    "bench": "bench-coordinator: latest bench result per node",
-    # Written with a per-message TTL (libs.leader), so a dead leader's key expires.
-    "leases": "scheduler, bench-coordinator: the leader lease per role",
-}
+__all__ = ["CONTROL", "DEADLETTER", "TELEMETRY", "Bus", "ConsumerStats", "MessageTooLarge",
+           "UndeclaredRoute", "dlq_subject", "event_or_reason", "on_connection_lost"]
 
-HEALTH_SUBJECT = SUBJECT_ROOT + ".health.{service}"
-# Request-reply queries live outside every stream's subjects.
-QUERY_SUBJECT = SUBJECT_ROOT + ".query.{name}"
 REASON_HEADER = "Primus-Reason"
 ORIGIN_HEADER = "Primus-Subject"
 SERVICE_HEADER = "Primus-Service"  # the service that refused it
 BODY_SIZE_HEADER = "Primus-Body-Size"  # set when the body was cut: its full size,
 BODY_SHA256_HEADER = "Primus-Body-Sha256"  # and the digest of the whole body
-# What a dead letter keeps of a long reason and of the subject it came from.
+# What a dead letter keeps of a long reason.
 MAX_REASON_CHARS = 1000
-MAX_ORIGIN_CHARS = 512
 # Room left under the server's limit for the protocol's own framing.
 PAYLOAD_MARGIN = 64
+# How long a stop waits for requests being answered.
+STOP_WAIT_S = 5.0
+E = TypeVar("E", bound=Event)
 
 
 class MessageTooLarge(ValueError):
     """An event (with its headers) that the server would refuse by closing
     the connection: refused before it is sent."""
+
+
+class UndeclaredRoute(RuntimeError):
+    """A service used an event or endpoint its route table does not name."""
 
 
 def headers_size(headers: dict[str, str] | None) -> int:
@@ -127,29 +115,7 @@ def _header_text(value: str, limit: int) -> str:
 
 
 def dlq_subject(service: str) -> str:
-    return f"{SUBJECT_ROOT}.dlq.{service}"
-
-
-EventHandler = Callable[[Event], Awaitable[None]]
-# A batch handler gets each event with its stream sequence number.
-BatchHandler = Callable[[list[tuple[Event, int]]], Awaitable[None]]
-# A raw batch handler decodes messages itself and returns those it refuses,
-# each with the reason (they are dead-lettered); the rest are acked.
-RawBatchHandler = Callable[[list[Msg]], Awaitable[list[tuple[Msg, str]]]]
-_ACK = b"+ACK"
-
-
-@dataclass
-class ConsumerStats:
-    delivered: int = 0
-    handled: int = 0
-    dead_lettered: int = 0
-    dead_letter_reasons: list[str] = field(default_factory=list)
-    # Fields a known version does not define (a newer producer), by path: read without them.
-    unknown_fields: dict[str, int] = field(default_factory=dict)
-    # Events whose stamp is further than the clock skew from when the server
-    # stored them, by source: their senders' clocks are wrong.
-    skewed: dict[str, int] = field(default_factory=dict)
+    return f"safe.dlq.{service}"
 
 
 @dataclass
@@ -173,21 +139,57 @@ def on_connection_lost(watcher: Callable[[str], None]) -> Callable[[], None]:
     return lambda: _LOST_WATCHERS.remove(watcher) if watcher in _LOST_WATCHERS else None
 
 
+def _refused_request(exc: Exception) -> dict[str, Any]:
+    """faststream's answer to a request it could not hand over (the body did
+    not validate as the endpoint's request model)."""
+    if isinstance(exc, ValidationError):
+        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc'][1:]) or 'body'}: {e['msg']}"
+                             for e in exc.errors()[:5])
+        return {"ok": False, "error": f"invalid request: {problems}"[:MAX_REASON_CHARS]}
+    return {"ok": False, "error": _short(exc)}
+
+
+def _retrieved(task: asyncio.Task[Any]) -> None:
+    if not task.cancelled():
+        task.exception()
+
+
+def _unrecoverable(exc: Exception) -> bool:
+    """An error after which nats-py (under faststream) will not reconnect."""
+    reason = str(exc).removeprefix("nats: ").strip("'").lower()
+    return isinstance(exc, nats.errors.Error) and reason in UNRECOVERABLE_CONNECT_ERRORS
+
+
+class Served:
+    """An endpoint being answered; ``stop`` stops answering."""
+
+    def __init__(self, subject: str, subscriber: Any) -> None:
+        self.subject = subject
+        self._subscriber = subscriber
+
+    async def stop(self) -> None:
+        with contextlib.suppress(Exception):
+            await self._subscriber.stop()
+
+
 class Bus:
     """A connected NATS client plus JetStream context for one service."""
 
-    def __init__(self, nc: Client, service: str, *, url: str | None = None,
-                 token: str | None = None, link: Link | None = None) -> None:
+    def __init__(self, nc: Client, service: str, *, broker: NatsBroker | None = None,
+                 url: str | None = None, token: str | None = None, link: Link | None = None,
+                 routes: Routes | None = None) -> None:
         self.nc = nc
+        self.broker = broker
         self.link = link or Link(state="connected")
         self.clock_skew_s = 30.0  # see Settings.clock_skew_s
         self.url, self.token = url, token  # for a hot consumer's own connection
         self.js = nc.jetstream()
         self.service = service
+        self.routes = routes
         self.stats = ConsumerStats()
-        self._stopping = asyncio.Event()
-        self._tasks: list[asyncio.Task[None]] = []
-        self._pull_subs: list[Any] = []
+        self.consumers = Consumers(self)
+        self._groups: list[Consumers] = [self.consumers]
+        self._served: list[Served] = []
         self._log = get_logger(component="bus")
 
     # ------------------------------------------------------------------ setup
@@ -196,11 +198,12 @@ class Bus:
     async def connect(
         cls, url: str, service: str, *, token: str | None = None, user: str | None = None,
         password: str | None = None, tls_ca: Path | None = None, tls_cert: Path | None = None,
-        tls_key: Path | None = None, timeout_s: float = 10.0,
+        tls_key: Path | None = None, timeout_s: float = 10.0, routes: Routes | None = None,
     ) -> Bus:
         """Connect as ``service``: with a token (the embedded stack), or as a
         NATS user (the chart: one per service, libs/nats_permissions.py), and
-        over TLS when a CA or a client certificate is given."""
+        over TLS when a CA or a client certificate is given. With ``routes``
+        the bus holds the caller to its route table from the start."""
         link = Link()
         log = get_logger(component="bus")
 
@@ -208,6 +211,20 @@ class Bus:
             if link.state != "connecting":  # a first connect that fails says so once, below
                 log.warning("nats error", error=str(exc) or type(exc).__name__)
             link.reason = str(exc) or type(exc).__name__
+            if link.state in ("connected", "disconnected") and not link.closing \
+                    and _unrecoverable(exc):
+                # faststream raises these again from this callback, which ends
+                # nats-py's reconnecting for good: give the connection up now,
+                # so the service shell builds a fresh one, with backoff.
+                link.state = "closed"
+                log.error("nats connection unusable", service=service, reason=link.reason)
+                # The error ends the task that called us; it is handled here,
+                # so asyncio need not report it when the task is collected.
+                task = asyncio.current_task()
+                if task is not None:
+                    task.add_done_callback(_retrieved)
+                for watcher in list(_LOST_WATCHERS):
+                    watcher(link.reason)
 
         async def _disconnected() -> None:
             if link.state == "connected":
@@ -240,27 +257,36 @@ class Bus:
                     f"cannot load the NATS TLS files (PRIMUS_NATS_TLS_CA {tls_ca}, "
                     f"PRIMUS_NATS_TLS_CERT {tls_cert}, PRIMUS_NATS_TLS_KEY {tls_key}): {exc}; "
                     "point them at readable PEM files") from exc
+        security: NatsSecurity
+        if token:
+            security = NatsToken(token, ssl_context=tls)
+        elif user:
+            security = NatsUserPassword(user, password or "", ssl_context=tls)
+        else:
+            security = NatsSecurity(ssl_context=tls)
+        broker = NatsBroker(
+            url,
+            name=service,
+            security=security,
+            connect_timeout=2,
+            max_reconnect_attempts=-1,
+            reconnect_time_wait=0.5,  # type: ignore[arg-type]
+            drain_timeout=5,  # a stop must fit the 30 s a pod gets after SIGTERM
+            error_cb=_error,
+            disconnected_cb=_disconnected,
+            reconnected_cb=_reconnected,
+            closed_cb=_closed,
+            allow_reconnect=True,
+            logger=None,  # faststream would log every request at INFO
+            graceful_timeout=STOP_WAIT_S,
+            middlewares=[ExceptionMiddleware(publish_handlers={Exception: _refused_request})],
+        )
         try:
             # Reconnects forever once connected, but the first connection
             # must succeed within timeout_s so a wrong URL fails loudly.
-            nc = await asyncio.wait_for(nats.connect(
-                url,
-                name=service,
-                token=token,
-                user=user,
-                password=password,
-                tls=tls,
-                connect_timeout=2,
-                max_reconnect_attempts=-1,
-                reconnect_time_wait=0.5,
-                drain_timeout=5,  # a stop must fit the 30 s a pod gets after SIGTERM
-                error_cb=_error,
-                disconnected_cb=_disconnected,
-                reconnected_cb=_reconnected,
-                closed_cb=_closed,
-                allow_reconnect=True,
-            ), timeout_s)
-        except (nats.errors.NoServersError, OSError, TimeoutError) as exc:
+            nc = await asyncio.wait_for(broker.connect(), timeout_s)
+            await broker.start()
+        except (nats.errors.Error, OSError, TimeoutError) as exc:
             # The server's own word (a wrong token: Authorization Violation)
             # says more than the client's "no servers available".
             why = link.reason if link.reason and link.reason not in str(exc) else ""
@@ -280,7 +306,8 @@ class Bus:
             # natsfast reads the user from the URL as is: only safe characters.
             fast_url = None if quote(auth, safe=":") != auth else urlunsplit(parts._replace(
                 netloc=f"{auth}@{parts.hostname}" + (f":{parts.port}" if parts.port else "")))
-        return cls(nc, service, url=fast_url, token=token, link=link)
+        return cls(nc, service, broker=broker, url=fast_url, token=token, link=link,
+                   routes=routes)
 
     async def ensure_topology(self, replicas: int = 1) -> None:
         """Declare streams and KV buckets; safe to call from every service.
@@ -297,6 +324,10 @@ class Bus:
                                    storage=api.StorageType.FILE, replicas=replicas)
             )
 
+    async def records(self, spec: BucketSpec[R]) -> Records[R]:
+        """A bucket as typed records (``libs.records``), written revision-checked."""
+        return Records(await self.js.key_value(spec.name), spec)
+
     async def kv(self, bucket: str) -> KeyValue:
         return await self.js.key_value(bucket)
 
@@ -310,6 +341,9 @@ class Bus:
     async def publish(self, event: Event) -> bool:
         """Publish durably; returns False when JetStream saw this id already.
         Raises ``MessageTooLarge`` for an event the server would not take."""
+        if self.routes is not None and not self.routes.may_publish(type(event)):
+            raise UndeclaredRoute(f"{self.service} publishes {event.type} but its route table "
+                                  f"does not say so: add it to the table's publishes")
         body = encode_event(event)
         headers = {"Nats-Msg-Id": event.id}
         size = len(body) + headers_size(headers)
@@ -322,253 +356,35 @@ class Bus:
 
     # ------------------------------------------------------------------ consume
 
-    def consume(
-        self,
-        *,
-        durable: str,
-        subjects: Sequence[str],
-        stream: StreamSpec,
-        handler: EventHandler | None = None,
-        batch_handler: BatchHandler | None = None,
-        batch: int = 64,
-        max_deliver: int = 5,
-        ack_wait_s: float = 30.0,
-    ) -> None:
-        """Start a durable pull consumer in the background.
+    def consume(self, *, durable: str, subjects: Sequence[str], stream: StreamSpec,
+                handler: EventHandler | None = None, batch_handler: BatchHandler | None = None,
+                batch: int = 64, max_deliver: int = 5, ack_wait_s: float = 30.0) -> None:
+        """A durable pull consumer (``libs.consume.Consumers.consume``)."""
+        self.consumers.consume(durable=durable, subjects=subjects, stream=stream,
+                               handler=handler, batch_handler=batch_handler, batch=batch,
+                               max_deliver=max_deliver, ack_wait_s=ack_wait_s)
 
-        Exactly one of ``handler`` (events one at a time, in stream order) and
-        ``batch_handler`` (a whole fetched batch at once) is given.
-        """
-        if (handler is None) == (batch_handler is None):
-            raise ValueError("give exactly one of handler and batch_handler")
+    def consume_raw(self, *, durable: str, subjects: Sequence[str], stream: StreamSpec,
+                    handler: RawBatchHandler, batch: int = 1000, fill_s: float = 0.2,
+                    max_deliver: int = 5, ack_wait_s: float = 30.0, inflight: int = 2,
+                    own_connection: bool = True) -> None:
+        """A hot-path consumer (``libs.consume.Consumers.consume_raw``)."""
+        self.consumers.consume_raw(durable=durable, subjects=subjects, stream=stream,
+                                   handler=handler, batch=batch, fill_s=fill_s,
+                                   max_deliver=max_deliver, ack_wait_s=ack_wait_s,
+                                   inflight=inflight, own_connection=own_connection)
 
-        async def on_msgs(msgs: list[Msg], _: Any) -> None:
-            await self._dispatch(msgs, handler, batch_handler, max_deliver)
+    def group(self) -> Consumers:
+        """Consumers of their own on this connection, stopped together (a
+        leader's term); they count into this bus's stats."""
+        group = Consumers(self)
+        self._groups.append(group)
+        return group
 
-        self._start_consumer(durable, list(subjects), stream, on_msgs, batch=batch,
-                             fill_s=0.0, max_deliver=max_deliver, ack_wait_s=ack_wait_s,
-                             inflight=1)
-
-    def consume_raw(
-        self,
-        *,
-        durable: str,
-        subjects: Sequence[str],
-        stream: StreamSpec,
-        handler: RawBatchHandler,
-        batch: int = 1000,
-        fill_s: float = 0.2,
-        max_deliver: int = 5,
-        ack_wait_s: float = 30.0,
-        inflight: int = 2,
-        own_connection: bool = True,
-    ) -> None:
-        """A durable pull consumer for hot paths that decode messages themselves.
-
-        Fetches up to ``batch`` messages, waiting at most ``fill_s`` for a batch
-        to fill, and runs up to ``inflight`` handler calls at once (so decoding
-        the next batch overlaps storing this one). A batch keeps filling past
-        ``fill_s`` while the previous one is still being handled, so it is
-        handed over as the handler frees up instead of queueing behind it.
-        The handler returns the messages it refuses, with the reason: those
-        are dead-lettered; every
-        other message is acked once the handler returned. Replicas that use
-        the same ``durable`` share the consumer (a queue group). With
-        ``own_connection`` (and a plain nats:// URL) messages come over a lean
-        connection of their own (``libs.natsfast``) and are acked in one write.
-        """
-
-        async def on_msgs(msgs: list[Msg], puller: Any) -> None:
-            self.stats.delivered += len(msgs)
-            await self._run_raw(handler, msgs, max_deliver, puller)
-
-        self._start_consumer(durable, list(subjects), stream, on_msgs, batch=batch,
-                             fill_s=fill_s, max_deliver=max_deliver, ack_wait_s=ack_wait_s,
-                             inflight=inflight, fast=own_connection)
-
-    def _start_consumer(self, durable: str, subjects: list[str], stream: StreamSpec,
-                        on_msgs: Callable[[list[Msg], Any], Awaitable[None]], *, batch: int,
-                        fill_s: float, max_deliver: int, ack_wait_s: float,
-                        inflight: int, fast: bool = False) -> None:
-        config = api.ConsumerConfig(
-            # Created by name, a single filter travels in the API subject
-            # (CONSUMER.CREATE.<stream>.<name>.<filter>), where the server's
-            # permissions can check it (libs/nats_permissions.py).
-            name=durable,
-            durable_name=durable,
-            ack_policy=api.AckPolicy.EXPLICIT,
-            deliver_policy=api.DeliverPolicy.ALL,
-            max_deliver=max_deliver + 1,  # the last delivery is dead-lettered by us
-            ack_wait=ack_wait_s,
-            filter_subjects=subjects if len(subjects) > 1 else None,
-            filter_subject=subjects[0] if len(subjects) == 1 else None,
-            max_ack_pending=max(1000, batch * (inflight + 3)),
-        )
-        task = asyncio.create_task(
-            self._consume_loop(durable, stream, config, on_msgs, batch, fill_s, inflight, fast),
-            name=f"consume:{durable}",
-        )
-        self._tasks.append(task)
-
-    async def _consume_loop(
-        self,
-        durable: str,
-        stream: StreamSpec,
-        config: api.ConsumerConfig,
-        on_msgs: Callable[[list[Msg], Any], Awaitable[None]],
-        batch: int,
-        fill_s: float,
-        inflight: int,
-        fast: bool,
-    ) -> None:
-        try:
-            await self.js.add_consumer(stream.name, config)
-        except nats.js.errors.APIError as exc:  # exists with other settings: use it
-            self._log.warning("consumer kept as it was", durable=durable, error=str(exc))
-        puller: Puller | FastPuller
-        if fast and self.url and natsfast.supported(self.url):
-            puller = FastPuller(self.nc, self.url, self.token, stream.name, durable,
-                                name=f"{self.service}:{durable}")
-        else:
-            puller = Puller(self.nc, stream.name, durable)
-        if isinstance(puller, Puller):  # a FastPuller connects on its first fetch (and retries)
-            await puller.start()
-        self._pull_subs.append(puller)
-        slots = asyncio.Semaphore(inflight)
-        running: set[asyncio.Task[None]] = set()
-
-        async def handle(msgs: list[Msg]) -> None:
-            try:
-                await on_msgs(msgs, puller)
-            finally:
-                slots.release()
-
-        try:
-            while not self._stopping.is_set():
-                await slots.acquire()
-                try:
-                    msgs = await puller.fetch(batch, timeout_s=0.5, fill_s=fill_s,
-                                              busy=lambda: bool(running))
-                except (nats.errors.ConnectionClosedError, nats.errors.DrainTimeoutError):
-                    slots.release()
-                    return
-                except Exception as exc:  # reconnecting, leader change: wait and retry
-                    slots.release()
-                    self._log.warning("fetch failed", durable=durable, error=str(exc))
-                    await asyncio.sleep(0.5)
-                    continue
-                if not msgs:
-                    slots.release()
-                    continue
-                if inflight == 1:
-                    await handle(msgs)
-                else:
-                    task = asyncio.create_task(handle(msgs))
-                    running.add(task)
-                    task.add_done_callback(running.discard)
-        finally:
-            if running:  # let batches in flight finish: their effect is durable, ack it
-                await asyncio.gather(*running, return_exceptions=True)
-
-    async def _dispatch(
-        self,
-        msgs: list[Msg],
-        handler: EventHandler | None,
-        batch_handler: BatchHandler | None,
-        max_deliver: int,
-    ) -> None:
-        self.stats.delivered += len(msgs)
-        good: list[tuple[Msg, Event]] = []
-        for msg in msgs:
-            reason = self._refusal(msg)
-            if isinstance(reason, str):
-                await self.dead_letter(msg, reason)
-                await msg.ack()
-            else:
-                good.append((msg, reason))
-                self._check_stamp(msg, reason)
-        if batch_handler is not None:
-            batch = [(e, m.metadata.sequence.stream) for m, e in good]
-            await self._run(batch_handler, batch, [m for m, _ in good], max_deliver)
-        else:
-            assert handler is not None
-            for msg, event in good:
-                await self._run(handler, event, [msg], max_deliver)
-
-    def _refusal(self, msg: Msg) -> Event | str:
-        """The event in ``msg``, or why this consumer refuses it."""
-        read = event_or_reason(msg.subject, msg.data)
-        if isinstance(read, str):
-            return read
-        event, unknown = read
-        for path in unknown:
-            self.stats.unknown_fields[path] = self.stats.unknown_fields.get(path, 0) + 1
-        return event
-
-    def _check_stamp(self, msg: Msg, event: Event) -> None:
-        """Flag an event stamped far from when the server stored it: the
-        server's clock, not the sender's and not ours (replayed after a
-        restart, every event is old here and that is no fault of its sender).
-        Consumers must not order or time anything by such a stamp."""
-        if not msg.reply:
-            return
-        stored = msg.metadata.timestamp.timestamp()
-        off_s = event.time.timestamp() - stored
-        if abs(off_s) <= self.clock_skew_s:
-            return
-        key = event.source[:64]
-        if key not in self.stats.skewed and len(self.stats.skewed) >= 100:
-            key = "(other sources)"
-        count = self.stats.skewed[key] = self.stats.skewed.get(key, 0) + 1
-        if count & (count - 1) == 0:  # the 1st, 2nd, 4th, 8th ...: a clock stays wrong
-            self._log.warning("event stamped beyond the clock skew", source=event.source,
-                              type=event.type, off_s=round(off_s, 3), limit_s=self.clock_skew_s,
-                              seen=count)
-
-    async def _run(
-        self, fn: Callable[[Any], Awaitable[None]], arg: Any, msgs: list[Msg], max_deliver: int
-    ) -> None:
-        if not msgs:
-            return
-        try:
-            await fn(arg)
-        except asyncio.CancelledError:
-            await _give_back(msgs)
-            raise
-        except Exception as exc:
-            await self._failed(msgs, exc, max_deliver)
-            return
-        for msg in msgs:
-            await msg.ack()
-        self.stats.handled += len(msgs)
-
-    async def _run_raw(self, fn: RawBatchHandler, msgs: list[Msg], max_deliver: int,
-                       puller: Any) -> None:
-        try:
-            refused = await fn(msgs)
-        except asyncio.CancelledError:
-            await _give_back(msgs)
-            raise
-        except Exception as exc:
-            await self._failed(msgs, exc, max_deliver)
-            return
-        for msg, reason in refused:
-            await self.dead_letter(msg, reason)
-        if isinstance(puller, FastPuller):
-            await puller.ack(msgs)
-        else:
-            for msg in msgs:  # the ack of Msg.ack(), without its per-message checks
-                await self.nc.publish(msg.reply, _ACK)
-        self.stats.handled += len(msgs) - len(refused)
-
-    async def _failed(self, msgs: list[Msg], exc: Exception, max_deliver: int) -> None:
-        self._log.exception("handler failed", subject=msgs[0].subject, error=repr(exc))
-        for msg in msgs:
-            if msg.metadata.num_delivered >= max_deliver:
-                await self.dead_letter(msg, f"handler failed {max_deliver} times: {exc!r}")
-                await msg.ack()
-            else:
-                await msg.nak(delay=0.5 * msg.metadata.num_delivered)
+    async def stop_group(self, group: Consumers) -> None:
+        await group.stop()
+        if group in self._groups and group is not self.consumers:
+            self._groups.remove(group)
 
     async def dead_letter(self, msg: Msg, reason: str) -> None:
         """Keep what we could not use, with why, where an operator can look.
@@ -597,40 +413,130 @@ class Bus:
         self._log.warning("dead-lettered", subject=msg.subject[:MAX_ORIGIN_CHARS],
                           reason=reason[:MAX_REASON_CHARS], size=len(msg.data or b""))
 
-    # ------------------------------------------------------------------ request-reply
+    # ------------------------------------------------------------------ endpoints
 
-    async def serve(
-        self, subject: str, handler: Callable[[dict[str, Any]], Awaitable[dict[str, Any]]],
-        *, queue: str = "",
-    ) -> Any:
-        """Answer JSON requests on a core NATS subject (health, queries);
-        returns the subscription (unsubscribe it to stop answering) once the
-        server has it, so a request sent next from anywhere is answered."""
+    async def serve(self, endpoint: Endpoint, handler: Callable[[Any], Awaitable[Any]], *,
+                    queue: str = "", **keys: str) -> Served:
+        """Answer ``endpoint`` (at ``keys``) with ``handler``, which takes the
+        request model and returns the reply model (or None for a one-way
+        endpoint). Returns once the server has the subscription, so a
+        request sent next from anywhere is answered."""
+        if self.broker is None:
+            raise RuntimeError("this bus has no broker to serve endpoints with")
+        subject = endpoint.at(**keys) if keys else endpoint.pattern
+        self._check_serve(subject)
+        request_model, one_way = endpoint.request, endpoint.reply is None
+        limit = self.max_payload - PAYLOAD_MARGIN
 
-        async def _on(msg: Msg) -> None:
+        async def answer(request: Any) -> Any:
             try:
-                request = json.loads(msg.data or b"{}")
-                if not isinstance(request, dict):
-                    raise ValueError("request must be a JSON object")
                 reply = await handler(request)
             except Exception as exc:
-                reply = {"ok": False, "error": _short(exc)}
-            if msg.reply:
-                body = json.dumps(reply, default=str).encode()
-                if len(body) > self.max_payload - PAYLOAD_MARGIN:  # answer, not silence
-                    body = json.dumps({"ok": False, "error": (
-                        f"the reply is {len(body)} bytes, over the bus's limit of "
-                        f"{self.max_payload}: ask for less (a narrower range, a limit)")}).encode()
-                await msg.respond(body)
+                self._log.warning("request failed", subject=subject, error=_short(exc))
+                return None if one_way else Reply(ok=False, error=_short(exc))
+            if one_way or reply is None:
+                return None
+            body = reply.model_dump_json() if isinstance(reply, BaseModel) else json.dumps(
+                reply, default=str)
+            if len(body) > limit:  # an answer, not silence
+                return Reply(ok=False, error=(
+                    f"the reply is {len(body)} bytes, over the bus's limit of "
+                    f"{self.max_payload}: ask for less (a narrower range, a limit)"))
+            return reply
 
-        sub = await self.nc.subscribe(subject, queue=queue, cb=_on)
+        # faststream validates the request into its model from the signature.
+        answer.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
+            [inspect.Parameter("request", inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                               annotation=request_model)])
+        answer.__annotations__ = {"request": request_model}
+        subscriber = self.broker.subscriber(subject, queue=queue, persistent=False,
+                                            title=subject, include_in_schema=False)
+        subscriber(answer)
+        await subscriber.start()
+        served = Served(subject, subscriber)
+        self._served.append(served)
         try:
             await self.flush()  # answering once this returns, to any connection
         except (nats.errors.Error, TimeoutError) as exc:
             # Kept on the client all the same: nats-py subscribes again on reconnect.
             self._log.warning("server has not confirmed a subscription yet", subject=subject,
                               error=str(exc) or type(exc).__name__)
+        return served
+
+    async def request(self, subject: str, body: dict[str, Any] | None = None,
+                      timeout_s: float = 5.0) -> dict[str, Any]:
+        """A JSON request on a core subject; the JSON reply."""
+        self._check_call(subject)
+        msg = await self.nc.request(subject, json.dumps(body or {}).encode(), timeout=timeout_s)
+        reply: dict[str, Any] = json.loads(msg.data)
+        return reply
+
+    async def ask(self, endpoint: Endpoint, request: BaseModel | None = None, *,
+                  timeout_s: float = 5.0, **keys: str) -> Any:
+        """Request ``endpoint`` (at ``keys``); its reply as the reply model.
+        An error reply (``ok`` false) is returned as it is, for the caller
+        to say why."""
+        subject = endpoint.at(**keys) if keys else endpoint.subject
+        body = request.model_dump(mode="json") if request is not None else {}
+        reply = await self.request(subject, body, timeout_s=timeout_s)
+        model = endpoint.reply or Reply
+        try:
+            return model.model_validate(reply)
+        except ValidationError:
+            if reply.get("ok") is False:  # an error reply lacks the model's fields
+                return Reply.model_validate(reply)
+            raise
+
+    async def send(self, endpoint: Endpoint, message: BaseModel, **keys: str) -> None:
+        """One message to a one-way endpoint (no reply is awaited)."""
+        subject = endpoint.at(**keys) if keys else endpoint.subject
+        self._check_call(subject)
+        await self.nc.publish(subject, message.model_dump_json().encode())
+
+    async def listen(self, cls: type[E], callback: Callable[[E], Awaitable[None]], *,
+                     node: str | None = None, job: str | None = None) -> Any:
+        """Watch ``cls`` events live (a core subscription: no history, no
+        acks); messages that are not such an event are skipped. Returns the
+        subscription."""
+        if self.routes is not None and cls not in self.routes.listens:
+            raise UndeclaredRoute(f"{self.service} listens to {cls.__name__} but its route "
+                                  "table does not say so: add it to the table's listens")
+        keys = {"node": node or "*", "job": job or "*"}
+        subject = cls.subject_template.format(root="safe", **keys)
+
+        async def on_msg(msg: Msg) -> None:
+            try:
+                event = parse_event(msg.data)
+            except (ValueError, RecursionError):
+                return
+            if isinstance(event, cls):
+                await callback(event)
+
+        sub = await self.nc.subscribe(subject, cb=on_msg)
+        await self.flush()
         return sub
+
+    async def subscribe(self, endpoint: Endpoint, callback: Callable[[Msg], Awaitable[None]],
+                        **keys: str) -> Any:
+        """A plain subscription to ``endpoint`` (at ``keys``, ``*`` for the
+        rest), for who answers later than the request came (a sweep grants
+        turns as they come free) or only listens (progress lines). Returns
+        the subscription once the server has it."""
+        subject = endpoint.at(**keys) if keys else endpoint.pattern
+        self._check_serve(subject)
+        sub = await self.nc.subscribe(subject, cb=callback)
+        await self.flush()
+        return sub
+
+    def _check_serve(self, subject: str) -> None:
+        if self.routes is not None and not self.routes.may_serve(subject):
+            raise UndeclaredRoute(f"{self.service} serves {subject} but its route table does "
+                                  "not say so: add the endpoint to the table's serves")
+
+    def _check_call(self, subject: str) -> None:
+        if self.routes is not None and not self.routes.may_call(subject):
+            raise UndeclaredRoute(f"{self.service} calls {subject} but its route table does "
+                                  "not say so: add the endpoint to the table's calls")
 
     async def flush(self, timeout_s: float = 10.0) -> None:
         """Return once the server has processed everything this connection
@@ -647,30 +553,17 @@ class Bus:
             await self.nc._flush_pending(force_flush=True)
             await self.nc.flush(timeout=timeout_s)  # type: ignore[arg-type]
 
-    async def request(
-        self, subject: str, body: dict[str, Any] | None = None, timeout_s: float = 5.0
-    ) -> dict[str, Any]:
-        msg = await self.nc.request(subject, json.dumps(body or {}).encode(), timeout=timeout_s)
-        return json.loads(msg.data)
-
     # ------------------------------------------------------------------ shutdown
 
     async def stop_consuming(self) -> None:
-        """Let every consumer finish its current batch, then stop fetching."""
-        self._stopping.set()
-        if self._tasks:
-            done, pending = await asyncio.wait(self._tasks, timeout=5)
-            for task in pending:
-                task.cancel()
-            for task in done:
-                if not task.cancelled() and task.exception() is not None:
-                    self._log.error("consumer ended with error", error=repr(task.exception()))
-        self._tasks.clear()
-        # A pull subscription's inbox would block drain() forever: drop it first.
-        for puller in self._pull_subs:
-            with contextlib.suppress(Exception):
-                await puller.stop()
-        self._pull_subs.clear()
+        """Let every consumer finish its current batch, then stop fetching;
+        stop answering endpoints."""
+        for group in list(self._groups):
+            await group.stop()
+        self._groups = [self.consumers]
+        for served in self._served:
+            await served.stop()
+        self._served.clear()
 
     async def close(self) -> None:
         """Stop consumers, then drain the connection (flushes what is pending)."""
@@ -678,32 +571,9 @@ class Bus:
         await self.stop_consuming()
         with contextlib.suppress(Exception):
             await self.nc.drain()
-
-
-def event_or_reason(subject: str, data: bytes) -> tuple[Event, tuple[str, ...]] | str:
-    """What a consumer makes of a message on ``subject``: the event and the
-    paths of fields its version does not define, or the reason it is
-    refused (one line: not an event, a newer version, or not this subject's
-    event). Pure."""
-    try:
-        event, unknown = read_event(data)
-    except UnsupportedVersion as exc:
-        return str(exc)
-    except (ValidationError, ValueError, RecursionError) as exc:
-        return f"invalid event: {_short(exc)}"
-    if event.subject != subject:
-        return (f"a {event.type} event does not belong on {subject[:MAX_ORIGIN_CHARS]} "
-                f"(its subject is {event.subject})")
-    return event, unknown
-
-
-async def _give_back(msgs: list[Msg]) -> None:
-    """A handler cancelled mid-way (the service stops): hand its messages
-    back now, so the next consumer gets them without waiting out the ack
-    wait (the bench agent's is 30 minutes). Handlers are idempotent."""
-    for msg in msgs:
-        with contextlib.suppress(Exception):
-            await msg.nak()
+        if self.broker is not None:
+            with contextlib.suppress(Exception):
+                await self.broker.stop()
 
 
 def _short(exc: BaseException) -> str:

@@ -96,12 +96,40 @@ class Event(Frozen):
 # --------------------------------------------------------------------------- node
 
 
-class NodeRegisteredData(Frozen):
+class NodeDescription(Frozen):
+    """What a node is: its address, GPUs, roles and labels (rack, switch,
+    pool). One model from the hosts file to the scheduler: a hosts file
+    entry (``libs.inventory.HostSpec``) is a name, this, and SSH access;
+    ``node.registered`` carries it; the ``nodes`` bucket keeps it
+    (``libs.records.NodeRecord``). The placement core has its own frozen
+    copy, made in one place (``services/scheduler/view.py``)."""
+
     ip: str
-    gpu_model: str
-    gpu_count: int = Field(ge=0)
     roles: list[str] = Field(default_factory=lambda: ["worker"])
     labels: dict[str, str] = Field(default_factory=dict)
+    gpu_model: str
+    gpu_count: int = Field(ge=0)
+
+    @property
+    def rack(self) -> str:
+        return self.labels.get("rack", "")
+
+    @property
+    def switch(self) -> str:
+        return self.labels.get("switch", "")
+
+    @property
+    def pool(self) -> str:
+        return self.labels.get("pool", "default")
+
+    def registered(self) -> NodeRegisteredData:
+        """The description alone, as ``node.registered`` carries it."""
+        return NodeRegisteredData.model_validate(
+            self.model_dump(include=set(NodeDescription.model_fields)))
+
+
+class NodeRegisteredData(NodeDescription):
+    """The registered node's description."""
 
 
 class NodeRegistered(Event):
@@ -111,9 +139,10 @@ class NodeRegistered(Event):
     data: NodeRegisteredData
 
 
-# Only "ready" is usable; the states after "cordoned" come with bootstrap's
-# provisioning pipeline and node removal (added, optional-compatible).
-NodeStateName = Literal["registered", "preflight", "ready", "quarantined", "cordoned",
+# Only "ready" is usable. "quarantined": out of service after a fault or a
+# failed bench, back once it passes bench again. The states after it come
+# with bootstrap's provisioning pipeline and node removal.
+NodeStateName = Literal["registered", "preflight", "ready", "quarantined",
                         "provisioning", "provisioned", "repair", "draining"]
 
 
@@ -485,14 +514,30 @@ class FaultOpenedData(Frozen):
     jobs: list[str] = Field(default_factory=list, description="jobs running on the node")
     scope: Literal["node", "job"] = Field(
         default="node", description="node: the envelope's node is faulty; job: only the job")
-    cordon: bool = Field(default=True, description="take the node out of service")
+    quarantine: bool = Field(default=True, description="take the node out of service "
+                             "(bootstrap quarantines it until it passes bench again)")
 
 
 class FaultOpened(Event):
+    """A fault opened. Version 2 named the ``cordon`` flag ``quarantine``, the
+    word for a node the platform took out of service; version 1 events are
+    read as version 2."""
+
     subject_template = "{root}.fault.{node}.opened"
     type: Literal["fault.opened"] = "fault.opened"
     node: str
+    version: int = 2
     data: FaultOpenedData
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_version_1(cls, doc: Any) -> Any:
+        if not isinstance(doc, dict) or doc.get("version", 1) != 1:
+            return doc
+        data = doc.get("data")
+        if isinstance(data, dict) and "cordon" in data:
+            data = {("quarantine" if k == "cordon" else k): v for k, v in data.items()}
+        return {**doc, "version": 2, "data": data}
 
 
 class FaultChangedData(Frozen):
@@ -500,8 +545,8 @@ class FaultChangedData(Frozen):
     kind: str
     timings: dict[str, float | None] = Field(
         default_factory=dict,
-        description="seconds from the last healthy sign: detection_s, cordon_s, replacement_s, "
-                    "first_step_s")
+        description="seconds from the last healthy sign: detection_s (opened), mitigation_s "
+                    "(node quarantined or job told to restart), replacement_s, first_step_s")
 
 
 class FaultMitigated(Event):
@@ -748,8 +793,7 @@ class LensAlertData(Frozen):
 
 
 class LensAlert(Event):
-    """Lens opened or closed an alert. Subject ``safe.lens.alert.<job or node>``
-    (``safe.lens.query`` stays outside every stream)."""
+    """Lens opened or closed an alert. Subject ``safe.lens.alert.<job or node>``."""
 
     subject_template = "{root}.lens.alert.{node}"
     type: Literal["lens.alert"] = "lens.alert"

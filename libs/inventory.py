@@ -17,10 +17,10 @@ import re
 from collections import defaultdict
 from typing import Any, Literal
 
-from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic import Field, ValidationError, ValidationInfo, field_validator, model_validator
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
-from libs.events import Frozen, check_key
+from libs.events import Frozen, NodeDescription, check_key
 
 # GPU models the platform knows how to judge; "cpu" is a local node with no GPU.
 KNOWN_GPU_MODELS = ("MI300X", "MI325X", "MI250X", "MI210", "H100", "H200", "A100", "cpu")
@@ -72,17 +72,29 @@ def check_key_reference(value: str) -> str:
     return value
 
 
-class HostSpec(Frozen):
+# Validation context for records and events another release may have written:
+# a GPU model this release does not know is kept, not refused. Only a hosts
+# file an operator hands over is held to KNOWN_GPU_MODELS.
+STORED = {"stored": True}
+
+
+class HostSpec(NodeDescription):
+    """A hosts file entry: a node's name, its description and how to reach
+    it over SSH. The ``nodes`` bucket keeps it per node."""
+
     name: str
-    ip: str
     roles: list[Role] = Field(default_factory=lambda: ["worker"])
     labels: dict[str, str] = Field(default_factory=dict, description="e.g. rack, switch")
-    gpu_model: str
     gpu_count: int = Field(ge=0, le=64)
     ssh_user: str | None = Field(default=None, pattern=r"^[A-Za-z_][A-Za-z0-9_.-]{0,31}$")
     ssh_key: str | None = Field(
         default=None, description="reference to the SSH private key: a path on the "
         "bootstrap host or a secret name; never the key itself")
+
+    @classmethod
+    def of(cls, name: str, description: NodeDescription) -> HostSpec:
+        """The entry of a node known by its description (a ``node.registered``)."""
+        return cls.model_validate({"name": name, **description.model_dump()}, context=STORED)
 
     @field_validator("name")
     @classmethod
@@ -121,8 +133,8 @@ class HostSpec(Frozen):
 
     @field_validator("gpu_model")
     @classmethod
-    def _gpu_model(cls, value: str) -> str:
-        if value not in KNOWN_GPU_MODELS:
+    def _gpu_model(cls, value: str, info: ValidationInfo) -> str:
+        if value not in KNOWN_GPU_MODELS and not (info.context or {}).get("stored"):
             known = ", ".join(KNOWN_GPU_MODELS)
             raise ValueError(f"unknown GPU model {value!r}; use one of {known}")
         return value

@@ -25,7 +25,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
-import json
 import os
 import socket
 import time
@@ -41,9 +40,10 @@ from nats.js.kv import KeyValue
 
 from libs.bus import Bus
 from libs.logs import get_logger
+from libs.records import LEASES, LeaseRecord
 from libs.settings import Settings
 
-LEASES_BUCKET = "leases"
+LEASES_BUCKET = LEASES.name
 # A leader stops acting this far into its TTL without a renewal; the rest of
 # the TTL is the margin for effects already in flight to land.
 FENCE = 0.8
@@ -282,13 +282,15 @@ class LeaderElection:
             return None
         if entry.value is None or entry.revision is None:
             return None
-        holder = json.loads(entry.value).get("holder", "?")
+        try:
+            holder = LeaseRecord.model_validate_json(entry.value).holder
+        except ValueError:
+            holder = "?"  # not a lease we can read: someone holds it all the same
         return Seen(holder=holder, revision=entry.revision)
 
     def _value(self, term: int | None) -> bytes:
-        return json.dumps({"holder": self.holder, "role": self.role, "term": term,
-                           "ttl_s": self.ttl_s, "pid": os.getpid(),
-                           "written_at": time.time()}).encode()
+        return LeaseRecord(holder=self.holder, role=self.role, term=term, ttl_s=self.ttl_s,
+                           pid=os.getpid(), written_at=time.time()).model_dump_json().encode()
 
     async def _write(self, value: bytes, *, last: int) -> int:
         """Write the lease at revision ``last`` (0: only if absent) with the TTL.

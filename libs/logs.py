@@ -1,10 +1,10 @@
 """structlog set up once per process: JSON lines on stderr, with the service
 and, where known, node and job ids bound so logs join metrics and events.
 
-Opt-in (``PRIMUS_LOG_SHIP=1``): every line also goes over the bus as a
-``log.record`` event (to ``safe.telemetry.log``, bus from ``PRIMUS_NATS_URL``
-and ``PRIMUS_NATS_TOKEN``), which lens-collector stores in its ``logs``
-table. Shipping uses the training SDK's publisher: a bounded queue and a
+Opt-in (``PRIMUS_LOG_SHIP=1``, ``Settings.log_ship``): every line also goes
+over the bus as a ``log.record`` event (to ``safe.telemetry.log``, on the
+service's bus), which lens-collector stores in its ``logs`` table.
+Shipping uses the training SDK's publisher: a bounded queue and a
 background thread, so logging never waits for the bus and a full queue
 drops lines (counted) rather than blocking.
 """
@@ -12,7 +12,6 @@ drops lines (counted) rather than blocking.
 from __future__ import annotations
 
 import logging
-import os
 import re
 import sys
 from typing import Any
@@ -21,13 +20,17 @@ import structlog
 
 _LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING,
            "error": logging.ERROR}
-SHIP_ENV = "PRIMUS_LOG_SHIP"
 _KEY = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,62}$")
 _ENVELOPE = ("event", "level", "timestamp", "service", "node", "job")
 _shipper: Any = None  # the TelemetryPublisher while shipping
 
 
-def configure(service: str, level: str = "info", **bound: str | None) -> structlog.BoundLogger:
+def configure(service: str, level: str = "info", *,
+              ship_to: tuple[str, str | None] | None = None,
+              **bound: str | None) -> structlog.BoundLogger:
+    """Log JSON lines on stderr as ``service`` (with ``bound`` ids on every
+    line); with ``ship_to`` (the bus URL and token, ``Settings.log_ship``)
+    also ship every line to Lens."""
     static = {"service": service, **{k: v for k, v in bound.items() if v is not None}}
 
     def add_static(_: object, __: str, event: dict[str, object]) -> dict[str, object]:
@@ -37,9 +40,8 @@ def configure(service: str, level: str = "info", **bound: str | None) -> structl
             event.setdefault(key, value)
         return event
 
-    if os.environ.get(SHIP_ENV, "").lower() in ("1", "true", "yes") and _shipper is None:
-        start_shipping(os.environ.get("PRIMUS_NATS_URL", "nats://127.0.0.1:4222"),
-                       os.environ.get("PRIMUS_NATS_TOKEN") or None, source=service)
+    if ship_to is not None and _shipper is None:
+        start_shipping(*ship_to, source=service)
     structlog.configure(
         processors=[
             structlog.contextvars.merge_contextvars,

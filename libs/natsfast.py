@@ -1,4 +1,5 @@
-"""A lean NATS connection for one hot pull consumer (lens telemetry).
+"""A lean NATS connection for one hot pull consumer (lens telemetry), and a
+fire-and-forget publisher for load generators.
 
 nats-py parses the wire protocol with a regular expression per frame, a
 header parser, a ``Msg``, a queue and a callback per message: about 30 µs of
@@ -8,10 +9,11 @@ MSG/HMSG) on its own socket, parses a whole read at once with ``find`` and
 slices, and acks a batch with one write. Messages come out as ``FastMsg``:
 the part of nats-py's ``Msg`` the bus uses (subject, reply, data, headers,
 metadata, ack, nak), bound to the service's main client, so naks and
-dead-lettering work unchanged.
+dead-lettering work unchanged. ``LeanLink`` is the link of a
+``libs.pull.Puller``: fetching is written once, there.
 
 Only plain ``nats://`` URLs with a token or user/password; for anything else
-(TLS, credentials files) the bus uses ``libs.pull.Puller`` on nats-py.
+(TLS, credentials files) the puller uses its link on the nats-py connection.
 """
 
 from __future__ import annotations
@@ -20,20 +22,16 @@ import asyncio
 import contextlib
 import json
 import secrets
-from collections.abc import Callable
+from typing import Any
 from urllib.parse import urlparse
 
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
 from libs.logs import get_logger
+from libs.pull import Puller
 
-_ENDS = (b"NATS/1.0 404", b"NATS/1.0 408", b"NATS/1.0 409")
-_NS = 1_000_000_000
 _MSG_ID = b"NATS/1.0\r\nNats-Msg-Id: "
-# Bytes one pull request may bring: a bound on what the server queues for us
-# (it cuts off a client with 64 MiB pending as a slow consumer).
-MAX_BYTES = 16 << 20
 
 
 class FastMsg:
@@ -138,27 +136,29 @@ class FastPublisher:
                 await self._task
 
 
-class FastPuller:
-    """Fetches batches from one durable pull consumer over its own connection."""
+class LeanLink:
+    """A puller's link (``libs.pull``) over a connection of its own: its
+    socket is read a whole chunk at a time and parsed with ``find`` and
+    slices, and a batch of acks is one write. Naks and dead letters go over
+    the service's main client (``nc``), to which every message is bound."""
 
-    def __init__(self, nc: Client, url: str, token: str | None, stream: str, durable: str,
-                 *, name: str = "fast-puller") -> None:
+    def __init__(self, nc: Client, url: str, token: str | None, *,
+                 name: str = "fast-puller") -> None:
         self._nc, self._url, self._token, self._name = nc, url, token, name
-        self._next = f"$JS.API.CONSUMER.MSG.NEXT.{stream}.{durable}".encode()
-        self._inbox = f"_INBOX.{secrets.token_hex(11)}".encode()
-        self._request = 0  # each pull request replies to <inbox>.<n>: its status is its own
-        self._current = b""
+        self.inbox = f"_INBOX.{secrets.token_hex(11)}"
+        self._puller: Puller | None = None
         self._reader: asyncio.StreamReader | None = None
         self._writer: asyncio.StreamWriter | None = None
         self._task: asyncio.Task[None] | None = None
-        self._buffer: list[FastMsg] = []
-        self._want = 0
-        self._ended = False
-        self._wake = asyncio.Event()
 
-    async def start(self) -> None:
+    @property
+    def alive(self) -> bool:
+        return self._task is not None and not self._task.done()
+
+    async def start(self, puller: Puller) -> None:
+        self._puller = puller
         reader, writer = await connect(self._url, self._token, self._name)
-        writer.write(b"SUB " + self._inbox + b".* 1\r\n")
+        writer.write(f"SUB {self.inbox}.* 1\r\n".encode())
         self._reader, self._writer = reader, writer
         self._task = asyncio.create_task(self._read_loop(), name=f"{self._name}:read")
 
@@ -172,52 +172,13 @@ class FastPuller:
                 self._writer.close()
         self._task = self._reader = self._writer = None
 
-    @property
-    def alive(self) -> bool:
-        return self._task is not None and not self._task.done()
+    async def send(self, subject: str, reply: str, body: bytes) -> None:
+        self._write(b"PUB %s %s %d\r\n%s\r\n" % (subject.encode(), reply.encode(),
+                                                    len(body), body))
 
-    async def fetch(self, batch: int, *, timeout_s: float = 0.5, fill_s: float = 0.2,
-                    busy: Callable[[], bool] | None = None) -> list[FastMsg]:
-        """Up to ``batch`` messages, waiting at most ``fill_s`` for the batch to
-        fill, and longer while ``busy()`` says the previous batch is still being
-        handled: a batch handed over then would only queue behind it, so it
-        keeps filling instead and is handed over as the handler frees up. One
-        pull request brings at most ``MAX_BYTES``; the next asks for the rest."""
-        if not self.alive:
-            await self.stop()
-            await self.start()  # after a dropped connection: unacked ones come back anyway
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + max(fill_s, 0.05)
-        while len(self._buffer) < batch and self.alive:
-            expires = deadline - loop.time()
-            if expires < 0.01:
-                if busy is None or not busy():
-                    break
-                expires = 0.05
-            self._pull(batch - len(self._buffer), expires)
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(expires + 1.0):
-                    while len(self._buffer) < batch and not self._ended and self.alive:
-                        self._wake.clear()
-                        await self._wake.wait()
-        taken, self._buffer = self._buffer[:batch], self._buffer[batch:]
-        return taken
-
-    def _pull(self, count: int, expires: float) -> None:
-        """Send one pull request; its status (end, or cut short by the byte
-        bound) comes to its own inbox subject."""
-        body = json.dumps({"batch": count, "max_bytes": MAX_BYTES,
-                           "expires": int(expires * _NS)}).encode()
-        self._request += 1
-        self._current = b"%s.%d" % (self._inbox, self._request)
-        self._ended = False
-        self._wake.clear()
-        self._write(b"PUB %s %s %d\r\n%s\r\n" % (self._next, self._current, len(body), body))
-        self._want = len(self._buffer) + count
-
-    async def ack(self, msgs: list[FastMsg]) -> None:
-        """Ack every message with one write (an empty payload is an ack); over the
-        main client when this connection is down (reconnecting)."""
+    async def ack(self, msgs: list[Any]) -> None:
+        """Every ack in one write (an empty payload is an ack); over the main
+        client when this connection is down (reconnecting)."""
         if self._writer is not None and not self._writer.is_closing():
             self._write(b"".join(b"PUB %s 0\r\n\r\n" % m.reply.encode() for m in msgs))
             return
@@ -226,7 +187,7 @@ class FastPuller:
 
     def _write(self, data: bytes) -> None:
         if self._writer is None:
-            raise ConnectionError("fast puller is not connected")
+            raise ConnectionError("the lean connection is not up")
         self._writer.write(data)
 
     async def _read_loop(self) -> None:
@@ -236,22 +197,21 @@ class FastPuller:
         try:
             while chunk := await reader.read(1 << 20):
                 buf += chunk
-                pos = self._parse(buf)
-                del buf[:pos]
-                if len(self._buffer) >= self._want or self._ended:
-                    self._wake.set()
+                del buf[:self._parse(buf)]
                 if self._writer.transport.get_write_buffer_size() > 1 << 20:
                     await self._writer.drain()
         except (OSError, ValueError, IndexError) as exc:  # reset, or a frame we misread
             get_logger(component="natsfast").warning("connection lost", error=repr(exc))
         finally:
-            self._wake.set()  # the next fetch reconnects
+            if self._puller is not None:
+                self._puller.interrupted()  # the next fetch reconnects
 
     def _parse(self, buf: bytearray) -> int:
         """Frames in ``buf``; returns how many bytes were used. Each payload is
         copied out once (through a memoryview: slicing the bytearray itself
         would copy twice), and the view is let go before ``buf`` shrinks."""
-        pos, size, out, nc = 0, len(buf), self._buffer, self._nc
+        pos, size, nc, puller = 0, len(buf), self._nc, self._puller
+        assert puller is not None
         with memoryview(buf) as view:
             while True:
                 eol = buf.find(b"\r\n", pos)
@@ -273,16 +233,15 @@ class FastPuller:
                     data = bytes(view[start + hlen:start + total])
                     pos = start + total + 2
                     if not data and hdr.startswith(b"NATS/1.0 "):
-                        if hdr.startswith(_ENDS) and parts[1] == self._current:
-                            self._ended = True  # this request ended (not an earlier one)
-                        continue  # 100: heartbeat / flow control
-                    out.append(FastMsg(nc, parts[1].decode(), reply.decode(), data,
-                                       _headers(hdr) if hdr else None))
+                        puller.status(parts[1].decode(), hdr[9:12].decode())
+                        continue
+                    puller.deliver(FastMsg(nc, parts[1].decode(), reply.decode(), data,
+                                           _headers(hdr) if hdr else None))
                     continue
                 if buf.startswith(b"PING", pos):
                     self._write(b"PONG\r\n")
                 elif buf.startswith(b"-ERR", pos):
-                    self._ended = True
+                    puller.interrupted()
                 pos = eol + 2  # +OK, PONG, INFO
 
 

@@ -1,22 +1,31 @@
-"""A JetStream pull consumer fetch that costs no task per message.
+"""Fetching from a JetStream pull consumer: one implementation, two links.
 
 nats-py's ``PullSubscription.fetch`` waits for each message with
 ``asyncio.wait_for`` (a task per message), which caps a consumer at a few
-thousand messages a second. Here one inbox subscription files every message
-into a list from its callback, and a fetch is one ``CONSUMER.MSG.NEXT``
-request plus one wait for "enough" (the batch filled, or the server's status
-that the request ended). Only public nats-py API is used; the messages are
-ordinary ``Msg`` objects, so ``ack``/``nak``/``metadata`` work as usual.
+thousand messages a second. ``Puller`` instead sends ``CONSUMER.MSG.NEXT``
+requests itself and files the messages its link delivers into a buffer; a
+fetch is one request plus one wait for "enough" (the batch filled, or the
+server's status that the request ended). Each request replies to its own
+``<inbox>.<n>`` subject, so a late status of an earlier request cannot end
+the current one.
 
 Two ways to fetch:
 
 - prompt (``fill_s=0``): return as soon as anything is there: take what
   arrived already, else ask with ``no_wait`` for what is stored, else wait
-  up to the timeout for the next message (the one-by-one handlers'
-  latency stays that of a single round trip);
+  up to the timeout for the next message (one-by-one handlers get the
+  latency of a single round trip);
 - filling (``fill_s>0``): ask for ``batch`` messages that expire after
-  ``fill_s`` and return when the batch is full or the request expired
-  (hot paths: fewer, larger inserts).
+  ``fill_s`` and return when the batch is full or the time is up; a batch
+  keeps filling while ``busy()`` says the previous one is still being
+  handled (hot paths: fewer, larger inserts), and one cut short by the
+  byte bound of a request is completed by the next request.
+
+Where messages come from is the link's business: ``NatsLink`` subscribes
+the inbox on the service's own nats-py connection; ``natsfast.LeanLink``
+speaks the few frames a pull consumer needs on a socket of its own (the
+telemetry hot path). Both deliver messages with ``subject``, ``reply``,
+``data``, ``headers``, ``metadata``, ``ack()`` and ``nak()``.
 """
 
 from __future__ import annotations
@@ -25,6 +34,7 @@ import asyncio
 import contextlib
 import json
 from collections.abc import Callable
+from typing import Any, Protocol
 
 from nats.aio.client import Client
 from nats.aio.msg import Msg
@@ -32,59 +42,90 @@ from nats.aio.subscription import Subscription
 
 # Status codes that end a pull request: no messages, request timeout,
 # request conflicts (max waiting, consumer deleted, leadership change).
-_ENDS = frozenset({"404", "408", "409"})
+ENDS = frozenset({"404", "408", "409"})
 _NS = 1_000_000_000
-MAX_BYTES = 16 << 20  # per request: bounds what the server queues for this client
+# Bytes one pull request may bring: a bound on what the server queues for us
+# (it cuts off a client with 64 MiB pending as a slow consumer).
+MAX_BYTES = 16 << 20
+_ACK = b"+ACK"
+
+
+class Link(Protocol):
+    """Carries a puller's requests out and its messages in."""
+
+    inbox: str
+
+    @property
+    def alive(self) -> bool: ...
+
+    async def start(self, puller: Puller) -> None: ...
+
+    async def stop(self) -> None: ...
+
+    async def send(self, subject: str, reply: str, body: bytes) -> None: ...
+
+    async def ack(self, msgs: list[Any]) -> None: ...
 
 
 class Puller:
     """Fetches batches from one durable pull consumer (created elsewhere)."""
 
-    def __init__(self, nc: Client, stream: str, durable: str) -> None:
-        self._nc = nc
+    def __init__(self, link: Link, stream: str, durable: str) -> None:
+        self.link = link
         self._next_subject = f"$JS.API.CONSUMER.MSG.NEXT.{stream}.{durable}"
-        self._inbox = nc.new_inbox()
-        self._requests = 0  # each request replies to <inbox>.<n>, so a late status
-        self._current = ""  # of an earlier request cannot end the current one
-        self._sub: Subscription | None = None
-        self._buffer: list[Msg] = []
+        self._requests = 0
+        self._current = ""
+        self._buffer: list[Any] = []
         self._want = 0
         self._ended = False
         self._wake = asyncio.Event()
 
     async def start(self) -> None:
-        self._sub = await self._nc.subscribe(f"{self._inbox}.*", cb=self._on_msg)
+        await self.link.start(self)
 
     async def stop(self) -> None:
-        if self._sub is not None:
-            with contextlib.suppress(Exception):
-                await self._sub.unsubscribe()
-            self._sub = None
+        await self.link.stop()
 
-    async def _on_msg(self, msg: Msg) -> None:
-        status = msg.headers.get("Status") if msg.headers and not msg.data else None
-        if status is None:
-            self._buffer.append(msg)
-            if len(self._buffer) >= self._want:
-                self._wake.set()
-        elif status in _ENDS and msg.subject == self._current:
+    # ------------------------------------------------------------------ from the link
+
+    def deliver(self, msg: Any) -> None:
+        self._buffer.append(msg)
+        if len(self._buffer) >= self._want:
+            self._wake.set()
+
+    def status(self, reply_subject: str, code: str) -> None:
+        """A status message for request ``reply_subject``: ``ENDS`` end it
+        (only the current request's count); 100 (heartbeat) needs nothing."""
+        if code in ENDS and reply_subject == self._current:
             self._ended = True
             self._wake.set()
-        # 100 (heartbeat, flow control) needs nothing.
+
+    def interrupted(self) -> None:
+        """The link went down: wake a waiting fetch (the next one restarts it)."""
+        self._ended = True
+        self._wake.set()
+
+    # ------------------------------------------------------------------ fetching
 
     async def fetch(self, batch: int, *, timeout_s: float = 0.5, fill_s: float = 0.0,
-                    busy: Callable[[], bool] | None = None) -> list[Msg]:
-        """Up to ``batch`` messages; an empty list when none came in time. With
-        ``fill_s``, the batch keeps filling past it while ``busy()`` (the
-        previous batch is still being handled; see ``libs.natsfast``)."""
+                    busy: Callable[[], bool] | None = None) -> list[Any]:
+        """Up to ``batch`` messages; an empty list when none came in time."""
+        if not self.link.alive:
+            await self.link.stop()
+            await self.link.start(self)  # unacked messages come back anyway
         if len(self._buffer) >= batch or (self._buffer and fill_s <= 0):
             return self._take(batch)
         if fill_s > 0:
-            await self._request(batch - len(self._buffer), expires_s=fill_s)
-            await self._wait(batch, fill_s + 1.0)
-            while busy is not None and busy() and len(self._buffer) < batch:
-                await self._request(batch - len(self._buffer), expires_s=0.05)
-                await self._wait(batch, 1.05)
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + fill_s
+            while len(self._buffer) < batch and self.link.alive:
+                expires = deadline - loop.time()
+                if expires < 0.01:
+                    if busy is None or not busy():
+                        break
+                    expires = 0.05  # the handler is busy: keep filling the next batch
+                await self._request(batch - len(self._buffer), expires_s=expires)
+                await self._wait(batch, expires + 1.0)
             return self._take(batch)
         if batch > 1:
             await self._request(batch, no_wait=True)
@@ -97,19 +138,23 @@ class Puller:
         await self._wait(1, timeout_s + 1.0)
         return self._take(batch)
 
-    async def _request(self, batch: int, *, expires_s: float = 0.0,
+    async def ack(self, msgs: list[Any]) -> None:
+        """Ack every message, as cheaply as the link can."""
+        await self.link.ack(msgs)
+
+    async def _request(self, count: int, *, expires_s: float = 0.0,
                        no_wait: bool = False) -> None:
-        body: dict[str, int | bool] = {"batch": batch, "max_bytes": MAX_BYTES}
+        body: dict[str, int | bool] = {"batch": count, "max_bytes": MAX_BYTES}
         if expires_s > 0:
             body["expires"] = int(expires_s * _NS)
         if no_wait:
             body["no_wait"] = True
         self._requests += 1
-        self._current = f"{self._inbox}.{self._requests}"
+        self._current = f"{self.link.inbox}.{self._requests}"
         self._ended = False
         self._wake.clear()
-        await self._nc.publish(self._next_subject, json.dumps(body).encode(),
-                               reply=self._current)
+        self._want = len(self._buffer) + count
+        await self.link.send(self._next_subject, self._current, json.dumps(body).encode())
 
     async def _wait(self, want: int, timeout_s: float) -> None:
         self._want = want
@@ -117,10 +162,47 @@ class Puller:
             return
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(timeout_s):
-                while len(self._buffer) < want and not self._ended:
+                while len(self._buffer) < want and not self._ended and self.link.alive:
                     self._wake.clear()
                     await self._wake.wait()
 
-    def _take(self, batch: int) -> list[Msg]:
+    def _take(self, batch: int) -> list[Any]:
         taken, self._buffer = self._buffer[:batch], self._buffer[batch:]
         return taken
+
+
+class NatsLink:
+    """The puller's inbox on the service's own nats-py connection (which
+    reconnects by itself): one subscription, a callback per message."""
+
+    def __init__(self, nc: Client) -> None:
+        self._nc = nc
+        self.inbox = nc.new_inbox()
+        self._sub: Subscription | None = None
+
+    @property
+    def alive(self) -> bool:
+        return self._sub is not None
+
+    async def start(self, puller: Puller) -> None:
+        async def on_msg(msg: Msg) -> None:
+            status = msg.headers.get("Status") if msg.headers and not msg.data else None
+            if status is None:
+                puller.deliver(msg)
+            else:
+                puller.status(msg.subject, status)
+
+        self._sub = await self._nc.subscribe(f"{self.inbox}.*", cb=on_msg)
+
+    async def stop(self) -> None:
+        if self._sub is not None:
+            with contextlib.suppress(Exception):
+                await self._sub.unsubscribe()
+            self._sub = None
+
+    async def send(self, subject: str, reply: str, body: bytes) -> None:
+        await self._nc.publish(subject, body, reply=reply)
+
+    async def ack(self, msgs: list[Any]) -> None:
+        for msg in msgs:  # the ack of Msg.ack(), without its per-message checks
+            await self._nc.publish(msg.reply, _ACK)

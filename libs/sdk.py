@@ -1,5 +1,6 @@
 """The training SDK: what a training script calls to report progress and to
-save and find checkpoints. It reads the PRIMUS_* environment the driver sets.
+save and find checkpoints. It reads the environment the driver sets
+(``libs.worker_env.WorkerEnv``).
 
 Reporting never blocks training: samples go into a bounded queue that a
 background thread publishes to ``safe.telemetry.job.<job>`` (pipelined: a
@@ -23,6 +24,7 @@ import os
 import queue
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -35,8 +37,19 @@ from libs.events import (
     LogRecordData,
     encode_event,
 )
+from libs.routes import Routes
+from libs.worker_env import WorkerEnv
 
 _STOP = object()
+
+# What a training worker may say on the bus: its own telemetry and log lines
+# (its NATS user, the chart's ``trainer``, follows from this).
+ROUTES = Routes(
+    service="trainer",
+    summary="training workers (this SDK): their own telemetry and log lines",
+    publishes=(JobTelemetry, LogRecord),
+    service_shell=False,
+)
 
 
 @dataclass(frozen=True)
@@ -178,20 +191,14 @@ class Run:
             self._publisher.start()
 
     @classmethod
-    def from_env(cls, environ: dict[str, str] | None = None) -> Run:
-        env = os.environ if environ is None else environ
-        job = env.get("PRIMUS_JOB_ID", "local")
-        return cls(
-            job=job,
-            rank=int(env.get("RANK", "0")),
-            world_size=int(env.get("WORLD_SIZE", "1")),
-            attempt=int(env.get("PRIMUS_ATTEMPT", "1")),
-            node=env.get("PRIMUS_NODE_NAME", "local"),
-            checkpoint_dir=Path(env.get("PRIMUS_CHECKPOINT_DIR", f"checkpoints/{job}")),
-            checkpoint_interval=int(env.get("PRIMUS_CHECKPOINT_INTERVAL", "50")),
-            nats_url=env.get("PRIMUS_NATS_URL"),
-            nats_token=env.get("PRIMUS_NATS_TOKEN"),
-        )
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> Run:
+        """The run the driver described in the environment (``WorkerEnv``);
+        outside the platform, a single local rank without a bus."""
+        env = WorkerEnv.from_env(environ)
+        return cls(job=env.job, rank=env.rank, world_size=env.world_size, attempt=env.attempt,
+                   node=env.node, checkpoint_dir=env.checkpoints,
+                   checkpoint_interval=env.checkpoint_interval, nats_url=env.nats_url,
+                   nats_token=env.nats_token)
 
     # ------------------------------------------------------------------ telemetry
 

@@ -1,9 +1,10 @@
 """The shell every service shares: logging, bus connection, topology,
 a health request, and a clean stop on SIGTERM/SIGINT, bounded in time.
 
-A service is an object with ``name``, ``async start(bus)``, ``async stop()``
-and ``health() -> dict``; ``serve`` does the rest, so each service
-folder only holds its own wiring around its pure core.
+A service is an object with ``name``, ``routes`` (its route table,
+``libs.routes``), ``async start(bus)``, ``async stop()`` and ``health() ->
+dict``; ``serve`` does the rest, so each service folder only holds its own
+wiring around its pure core.
 
 A connection the server closes for good (nats-py reconnects after network
 trouble, but gives up after a protocol error) does not leave a deaf process
@@ -27,13 +28,15 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Protocol
 
-from libs.bus import HEALTH_SUBJECT, Bus, on_connection_lost
+from libs.bus import Bus, on_connection_lost
 from libs.logs import configure, get_logger
+from libs.routes import Empty, HealthReply, Routes, health_endpoint
 from libs.settings import Settings
 
 
 class Service(Protocol):
     name: str
+    routes: Routes
 
     async def start(self, bus: Bus) -> None: ...
 
@@ -63,7 +66,7 @@ def reconnect_delay(attempt: int) -> float:
 
 
 def health_subject(service: str, node: str | None = None) -> str:
-    return HEALTH_SUBJECT.format(service=service) + (f".{node}" if node else "")
+    return health_endpoint(service, node).subject
 
 
 def instance_token() -> str:
@@ -119,7 +122,8 @@ async def run_service(service: Service | ServiceFactory, settings: Settings, *,
     connection, in this process)."""
     make: ServiceFactory | None = None if hasattr(service, "start") else service  # type: ignore[assignment]
     current: Service = make() if make is not None else service  # type: ignore[assignment]
-    log = configure(current.name, settings.log_level, node=node)
+    ship_to = (settings.nats_url, settings.nats_token) if settings.log_ship else None
+    log = configure(current.name, settings.log_level, ship_to=ship_to, node=node)
     # `kill -USR1 PID` prints every thread's stack to stderr: what a process
     # that will not stop is waiting on.
     faulthandler.register(signal.SIGUSR1, all_threads=True)
@@ -192,29 +196,30 @@ async def _run_once(service: Service, bus: Bus, settings: Settings, node: str | 
     """Topology, health and the service's start on ``bus``; an exit code if it failed."""
     await bus.ensure_topology(settings.nats_replicas)
     bus.clock_skew_s = settings.clock_skew_s
+    bus.routes = getattr(service, "routes", None)  # the bus refuses what it does not name
 
-    async def _health(_: dict[str, Any]) -> dict[str, Any]:
-        return {
-            "ok": bus.link.state == "connected",
-            "service": service.name,
-            "node": node,
-            "uptime_s": round(time.monotonic() - life.started, 3),
-            "connection": bus.link.state,
-            "reconnects": life.reconnects,
-            "disconnects": bus.link.disconnects,
-            "delivered": bus.stats.delivered,
-            "handled": bus.stats.handled,
-            "dead_lettered": bus.stats.dead_lettered,
-            "unknown_fields": dict(bus.stats.unknown_fields),
-            "skewed_stamps": dict(bus.stats.skewed),
+    async def _health(_: Empty) -> HealthReply:
+        return HealthReply(
+            ok=bus.link.state == "connected",
+            service=service.name,
+            node=node,
+            uptime_s=round(time.monotonic() - life.started, 3),
+            connection=bus.link.state,
+            reconnects=life.reconnects,
+            disconnects=bus.link.disconnects,
+            delivered=bus.stats.delivered,
+            handled=bus.stats.handled,
+            dead_lettered=bus.stats.dead_lettered,
+            unknown_fields=dict(bus.stats.unknown_fields),
+            skewed_stamps=dict(bus.stats.skewed),
             **service.health(),
-        }
+        )
 
-    await bus.serve(health_subject(service.name, node), _health)
+    await bus.serve(health_endpoint(service.name, node), _health)
     if node is None:
         # Replicas share the service's subject (any one answers); a pod's own
         # probe must reach that pod, so each also answers on its host name.
-        await bus.serve(health_subject(service.name, instance_token()), _health)
+        await bus.serve(health_endpoint(service.name, instance_token()), _health)
     try:
         await service.start(bus)
     except Exception as exc:

@@ -58,6 +58,9 @@ class Settings(BaseSettings):
     k8s_nats_token_secret: str | None = None
     log_ship: bool = Field(default=False, description="also send log lines over the bus to Lens")
     lens_alerts_file: Path | None = Field(default=None, description="lens-collector: alert rules")
+    bench_config: Path | None = Field(
+        default=None, description="bench agent and coordinator: levels, probes, fleet policy "
+        "(YAML, re-read when it changes)")
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     driver: Literal["local", "kubernetes"] = Field(
         default="local", description="where workers run: local processes or Kubernetes pods")

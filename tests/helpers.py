@@ -14,7 +14,15 @@ from pathlib import Path
 from typing import Any
 
 from libs.bus import Bus
-from libs.events import NodeRegistered, NodeRegisteredData, NodeStateChanged, NodeStateData
+from libs.events import (
+    JobSpec,
+    NodeRegistered,
+    NodeRegisteredData,
+    NodeStateChanged,
+    NodeStateData,
+    WorkerSlot,
+)
+from libs.records import JobRecord
 from libs.service import health_subject
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -101,6 +109,15 @@ async def until(fn, what: str, timeout: float = 60) -> Any:  # type: ignore[no-u
             return value
         await asyncio.sleep(0.2)
     raise AssertionError(f"timed out waiting for {what}")
+
+
+def job_record(job: str, status: str, *nodes: str) -> bytes:
+    """A ``jobs`` bucket record, as the scheduler writes it, of a one-GPU-per-rank
+    job running (or not) on ``nodes``: for tests that play the scheduler."""
+    spec = JobSpec(name="test", workers=max(1, len(nodes)), gpus_per_worker=1, command=["true"])
+    return JobRecord(id=job, spec=spec, submitted_at=time.time(), status=status,  # type: ignore[arg-type]
+                     slots=[WorkerSlot(rank=i, node=n, gpus=1) for i, n in enumerate(nodes)]
+                     ).model_dump_json().encode()
 
 
 def subject_matches(pattern: str, subject: str) -> bool:

@@ -2,29 +2,36 @@
 
 from __future__ import annotations
 
+from cli.catalog import ROLES
 from libs.proto_gen import render
 from tests.helpers import ROOT
 
 
 def test_proto_matches_the_models() -> None:
-    expected = render()
+    expected = render(ROLES)
     proto = ROOT / "proto"
     on_disk = {str(p.relative_to(proto)): p.read_text() for p in proto.rglob("*.json")}
     stale = sorted(set(on_disk) - set(expected))
     missing = sorted(set(expected) - set(on_disk))
     drifted = sorted(k for k in set(expected) & set(on_disk) if expected[k] != on_disk[k])
     assert not (stale or missing or drifted), (
-        f"proto/ drifted from libs/events.py (run `make proto`): stale={stale} "
+        f"proto/ drifted from the events and route tables (run `make proto`): stale={stale} "
         f"missing={missing} changed={drifted}")
 
 
 def test_asyncapi_names_a_stream_for_every_channel() -> None:
     import json
 
-    doc = json.loads(render()["asyncapi.json"])
+    doc = json.loads(render(ROLES)["asyncapi.json"])
     assert doc["asyncapi"].startswith("3.")
-    assert all(ch["x-stream"] in {"CONTROL", "TELEMETRY"} for ch in doc["channels"].values())
+    events = {k: ch for k, ch in doc["channels"].items() if "x-stream" in ch}
+    assert all(ch["x-stream"] in {"CONTROL", "TELEMETRY"} for ch in events.values())
     assert doc["channels"]["node_heartbeat"]["address"] == "safe.node.{node}.heartbeat"
+    # Endpoints are channels too, with their request and reply messages.
+    assert doc["channels"]["query_scheduler_admission"]["address"] == \
+        "safe.query.scheduler.admission"
+    reply = doc["operations"]["scheduler.serves.query_scheduler_admission"]["reply"]
+    assert reply["channel"]["$ref"] == "#/channels/query_scheduler_admission_reply"
 
 
 def test_hosts_schema_is_published_with_the_contract() -> None:
@@ -34,7 +41,7 @@ def test_hosts_schema_is_published_with_the_contract() -> None:
 
     from libs.inventory import HostsFile
 
-    text = render()["hosts.schema.json"]
+    text = render(ROLES)["hosts.schema.json"]
     assert (ROOT / "proto" / "hosts.schema.json").read_text() == text
     schema = json.loads(text)
     assert schema["$id"].endswith("/proto/hosts.schema.json")

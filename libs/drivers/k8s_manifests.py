@@ -24,6 +24,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from libs.events import JobSpec, WorkerSlot
+from libs.worker_env import WorkerEnv
 
 MANAGED_BY = "app.kubernetes.io/managed-by"
 MANAGER = "primus-safe"
@@ -162,22 +163,13 @@ def worker_env(job: str, attempt: int, spec: JobSpec, slot: WorkerSlot, *, world
     pod over its GPUs. The job's own env comes first; the platform's wins.
     """
     values = dict(spec.env)
-    values.update(
-        MASTER_ADDR=master_addr(job, attempt, config),
-        MASTER_PORT=str(config.master_port),
-        WORLD_SIZE=str(world),
-        RANK=str(slot.rank),
-        LOCAL_RANK="0",
-        NNODES=str(world),
-        NODE_RANK=str(slot.rank),
-        PRIMUS_JOB_ID=job,
-        PRIMUS_ATTEMPT=str(attempt),
-        PRIMUS_NODE_NAME=slot.node,
-        PRIMUS_NATS_URL=nats_url,
-        PRIMUS_CHECKPOINT_DIR=f"{config.checkpoint_mount_path.rstrip('/')}/{job}",
-        PRIMUS_CHECKPOINT_INTERVAL=str(spec.checkpoint_interval),
-        PRIMUS_DEVICE_SLOTS=str(slot.gpus),
-    )
+    values.update(WorkerEnv(
+        master_addr=master_addr(job, attempt, config), master_port=config.master_port,
+        world_size=world, rank=slot.rank, local_rank=0, nnodes=world, node_rank=slot.rank,
+        job=job, attempt=attempt, node=slot.node, nats_url=nats_url,
+        checkpoint_dir=f"{config.checkpoint_mount_path.rstrip('/')}/{job}",  # type: ignore[arg-type]
+        checkpoint_interval=spec.checkpoint_interval, device_slots=slot.gpus,
+    ).public_env())
     env: list[dict[str, Any]] = [{"name": k, "value": v} for k, v in values.items()]
     if config.nats_token_secret:
         env.append({"name": "PRIMUS_NATS_TOKEN", "valueFrom": {"secretKeyRef": {

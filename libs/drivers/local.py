@@ -41,6 +41,7 @@ from libs.events import (
     WorkerStartedData,
 )
 from libs.logs import get_logger
+from libs.worker_env import WorkerEnv
 
 # How long a relaunch waits for a rank that an earlier driver was starting.
 INTENT_WAIT_S = 5.0
@@ -80,23 +81,13 @@ class LocalDriver:
              port: int) -> dict[str, str]:
         env = dict(os.environ)
         env.update(spec.env)
-        env.update(
+        env.update(WorkerEnv(
             # Every local node is this machine; loopback is where rank 0 listens.
-            MASTER_ADDR="127.0.0.1",
-            MASTER_PORT=str(port),
-            WORLD_SIZE=str(world),
-            RANK=str(slot.rank),
-            LOCAL_RANK="0",
-            PRIMUS_JOB_ID=job,
-            PRIMUS_ATTEMPT=str(attempt),
-            PRIMUS_NODE_NAME=slot.node,
-            PRIMUS_NATS_URL=self.nats_url,
-            PRIMUS_CHECKPOINT_DIR=str(self.state_dir / "checkpoints" / job),
-            PRIMUS_CHECKPOINT_INTERVAL=str(spec.checkpoint_interval),
-            PRIMUS_DEVICE_SLOTS=str(slot.gpus),
-        )
-        if self.nats_token:
-            env["PRIMUS_NATS_TOKEN"] = self.nats_token
+            master_addr="127.0.0.1", master_port=port, world_size=world, rank=slot.rank,
+            local_rank=0, job=job, attempt=attempt, node=slot.node, nats_url=self.nats_url,
+            checkpoint_dir=self.state_dir / "checkpoints" / job,
+            checkpoint_interval=spec.checkpoint_interval, device_slots=slot.gpus,
+            nats_token=self.nats_token or None).as_env())
         return env
 
     @staticmethod

@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
-import json
 import os
 import threading
 import time
@@ -22,25 +21,26 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from libs.bus import CONTROL, Bus
+from libs.bus import Bus
 from libs.events import (
     BenchCheck,
     BenchRendezvous,
     BenchRequest,
     BenchResult,
     BenchResultData,
-    Event,
     HeartbeatData,
     NodeHeartbeat,
     NodeTelemetry,
 )
 from libs.logs import get_logger
 from libs.settings import Settings
+from libs.wiring import wire
 from services.bench import levels, probes
 from services.bench.config import ConfigFile
 from services.bench.host_metrics import HostSampler
 from services.bench.node_sampler import NodeSampler
-from services.bench.protocol import PAIR_SUBJECT, PROGRESS_SUBJECT, SHARE_SUBJECT
+from services.bench.protocol import PAIR, PROGRESS, SHARE, BenchProgress, PairRequest
+from services.bench.routes import AGENT
 from services.bench.schedule import ProbeSchedule, Report, Skip, Start
 from services.bench.verdict import confirm
 
@@ -73,10 +73,10 @@ class TurnGate:
     def _ask(self, op: str, timeout_s: float) -> None:
         if self.broken:
             return
-        body = json.dumps({**self.body, "op": op}).encode()
+        body = {**self.body, "op": op}
         try:
             self._pending = asyncio.run_coroutine_threadsafe(
-                self.bus.nc.request(self.subject, body, timeout=timeout_s), self.loop)
+                self.bus.request(self.subject, body, timeout_s=timeout_s), self.loop)
             self._pending.result(timeout_s + 5)
         except (Exception, concurrent.futures.CancelledError) as exc:
             self.broken = self.broken or f"{op}: {type(exc).__name__}"
@@ -103,6 +103,7 @@ class TurnGate:
 
 class BenchAgent:
     name = "bench-agent"
+    routes = AGENT
 
     def __init__(self, settings: Settings, node: str, config_path: str | Path | None = None
                  ) -> None:
@@ -111,7 +112,7 @@ class BenchAgent:
         self.source = f"bench-agent/{node}"
         self.bus: Bus | None = None
         self.host = HostSampler()
-        self.config = ConfigFile(config_path)
+        self.config = ConfigFile(config_path or settings.bench_config)
         self.schedule = ProbeSchedule(self.config.current.probes, now=time.monotonic(),
                                       seed=node)
         self.beats = 0
@@ -137,14 +138,7 @@ class BenchAgent:
             asyncio.create_task(self._telemetry()),
             asyncio.create_task(self._probe_loop()),
         ]
-        bus.consume(
-            durable=f"bench-agent-{self.node}",
-            subjects=[BenchRequest.subject_template.format(root="safe", node=self.node)],
-            stream=CONTROL,
-            handler=self._on_request,
-            batch=1,
-            ack_wait_s=1800,  # a full level with its retry; never redelivered mid-run
-        )
+        await wire(bus, AGENT, self, node=self.node)
 
     async def _heartbeat(self) -> None:
         assert self.bus is not None
@@ -174,8 +168,8 @@ class BenchAgent:
 
     # ------------------------------------------------------------------ bench requests
 
-    async def _on_request(self, event: Event) -> None:
-        assert isinstance(event, BenchRequest) and self.bus is not None
+    async def on_bench_request(self, event: BenchRequest) -> None:
+        assert self.bus is not None
         if event.id in self._answered:
             return  # redelivered after we published: the result is out already
         data = event.data
@@ -215,8 +209,7 @@ class BenchAgent:
             ),
         )
         if rdv is not None:  # a share of a multi-node test: for the coordinator only
-            await self.bus.nc.publish(SHARE_SUBJECT.format(session=rdv.session),
-                                      result.model_dump_json().encode())
+            await self.bus.send(SHARE, result, session=rdv.session)
         else:
             await self.bus.publish(result)
         self._answered.add(event.id)
@@ -305,26 +298,23 @@ class BenchAgent:
         """Ask the coordinator for a known-healthy partner and a rendezvous."""
         assert self.bus is not None
         try:
-            reply = await self.bus.request(PAIR_SUBJECT, {"node": self.node,
-                                                          "request_id": request_id},
-                                           timeout_s=10)
+            reply = await self.bus.ask(PAIR, PairRequest(node=self.node, request_id=request_id),
+                                       timeout_s=10)
         except Exception as exc:
             return None, f"no coordinator to pair with ({type(exc).__name__})"
-        if not reply.get("ok"):
-            return None, str(reply.get("error", "no partner"))
-        return BenchRendezvous.model_validate(reply["rendezvous"]), ""
+        if not reply.ok or reply.rendezvous is None:
+            return None, reply.error or "no partner"
+        return reply.rendezvous, ""
 
     def _progress(self, request_id: str, step: str) -> None:
         """Tell whoever listens (``bench run``) which step runs; callable from
         worker threads, never blocks, never fails the bench."""
-        if self.bus is None:
+        if self.bus is None or self._loop is None or not self._loop.is_running():
             return
-        body = json.dumps({"request_id": request_id, "node": self.node, "step": step,
-                           "time": time.time()}).encode()
-        subject = PROGRESS_SUBJECT.format(node=self.node)
+        line = BenchProgress(request_id=request_id, node=self.node, step=step, time=time.time())
         with contextlib.suppress(Exception):
-            if self._loop is not None and self._loop.is_running():
-                asyncio.run_coroutine_threadsafe(self.bus.nc.publish(subject, body), self._loop)
+            asyncio.run_coroutine_threadsafe(self.bus.send(PROGRESS, line, node=self.node),
+                                             self._loop)
 
     # ------------------------------------------------------------------ health probes
 

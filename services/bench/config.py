@@ -2,8 +2,9 @@
 standard level's sizes and timing, the fleet-judgement policy and absolute
 floors per GPU model.
 
-It is a separate YAML file (``PRIMUS_BENCH_CONFIG`` or a constructor
-argument) rather than part of the shared settings because operators tune it
+It is a separate YAML file (``PRIMUS_BENCH_CONFIG``, ``Settings.bench_config``,
+or a constructor argument) rather than part of the shared settings because
+operators tune it
 per fleet and change it while agents run: ``ConfigFile`` re-reads it when its
 modification time changes, and a file that does not validate is refused with
 its line and field while the last good configuration stays in force.
@@ -11,15 +12,12 @@ its line and field while the last good configuration stays in force.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from libs.specs import SpecError, load_model
-
-CONFIG_ENV = "PRIMUS_BENCH_CONFIG"
 
 CheckKind = Literal["gpu_count", "gpu_temperature", "gpu_ecc", "gpu_pcie", "gpu_xgmi",
                     "gpu_power", "gpu_vram", "gemm"]
@@ -150,7 +148,6 @@ class ConfigFile:
     else the last version of the file that validated."""
 
     def __init__(self, path: str | Path | None = None) -> None:
-        path = path or os.environ.get(CONFIG_ENV) or None
         self.path = Path(path) if path else None
         self.current = BenchConfig()
         self.error: str | None = None

@@ -19,27 +19,31 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import time
 from typing import Any
 
-from nats.js.errors import NoKeysError
-from nats.js.kv import KeyValue
-
-from libs.bus import CONTROL, Bus
+from libs.bus import Bus
 from libs.events import (
     BenchRequest,
     BenchRequestData,
     BenchResult,
     BenchResultData,
-    Event,
     Figure,
-    parse_event,
 )
-from libs.kv import put_record
+from libs.kv import Records
 from libs.leader import LeaderElection, NotLeader, follow
 from libs.logs import get_logger
+from libs.records import (
+    BENCH,
+    BenchPending,
+    BenchProbe,
+    BenchRecord,
+    BenchRun,
+    BenchVerdict,
+)
+from libs.routes import Empty
 from libs.settings import Settings
+from libs.wiring import Wiring, wire
 from services.bench.config import ConfigFile
 from services.bench.fleet import (
     NodeFigure,
@@ -53,12 +57,16 @@ from services.bench.fleet import (
 )
 from services.bench.multinode import MultiNode
 from services.bench.protocol import (
-    PAIR_SUBJECT,
-    REPORT_SUBJECT,
-    SEARCH_SUBJECT,
-    SHARE_SUBJECT,
-    SWEEP_SUBJECT,
+    FleetReport,
+    FleetRow,
+    PairReply,
+    PairRequest,
+    SearchReply,
+    SearchRequest,
+    SweepReply,
+    SweepRequest,
 )
+from services.bench.routes import COORDINATOR
 from services.bench.sweep import Sweeps
 from services.bench.triage import decide, measure_again
 
@@ -66,27 +74,15 @@ SOURCE = "bench-coordinator"
 JUDGED_LEVELS = ("standard", "full")
 
 
-def _empty(node: str) -> dict[str, Any]:
-    return {"node": node, "levels": {}, "verdict": None, "pending": None, "probe": None}
-
-
-def _migrate(node: str, stored: dict[str, Any]) -> dict[str, Any]:
-    """Records written before levels were kept apart held one run."""
-    if "levels" in stored:
-        return stored
-    record = _empty(node)
-    record["levels"][stored.get("level", "quick")] = stored
-    return record
-
-
 class BenchCoordinator:
     name = "bench-coordinator"
+    routes = COORDINATOR
 
     def __init__(self, settings: Settings, config_path: str | None = None) -> None:
         self.settings = settings
-        self.config = ConfigFile(config_path)
-        self.latest: dict[str, dict[str, Any]] = {}
-        self.kv: KeyValue | None = None
+        self.config = ConfigFile(config_path or settings.bench_config)
+        self.latest: dict[str, BenchRecord] = {}
+        self.kv: Records[BenchRecord] | None = None
         self.bus: Bus | None = None
         self.multinode: MultiNode | None = None
         self.sweeps = Sweeps(self)
@@ -95,15 +91,14 @@ class BenchCoordinator:
         self.election: LeaderElection | None = None
         self._term: int | None = None
         self._acting = False  # loaded the bucket and answering (health says so)
-        self._term_bus: Bus | None = None  # the leader's consumer
-        self._subs: list[Any] = []  # the leader's request subscriptions
+        self._term_routes: Wiring | None = None  # the leader's consumer and endpoints
         self._follow_task: asyncio.Task[None] | None = None
         self._log = get_logger()
 
     async def start(self, bus: Bus) -> None:
         self.bus = bus
         self._log = get_logger()  # bound after run_service configured logging
-        self.kv = await bus.kv("bench")
+        self.kv = await bus.records(BENCH)
         self.election = LeaderElection.for_service(bus, "bench-coordinator", self.settings)
         await self.election.start()
         self._follow_task = await follow(self.election, lead=self._lead,
@@ -114,28 +109,11 @@ class BenchCoordinator:
         assert self.bus is not None and self.kv is not None
         self._log.info("leading", term=term)
         self._term = term
-        latest: dict[str, dict[str, Any]] = {}
-        try:
-            for key in await self.kv.keys():
-                latest[key] = _migrate(key, json.loads((await self.kv.get(key)).value))
-        except NoKeysError:
-            pass
-        self.latest = latest
+        self.latest = await self.kv.load()  # version 1 records are upgraded as they are read
         bus = self.bus
         self.multinode = MultiNode(bus, self.config, self.latest, SOURCE)
         self.sweeps = Sweeps(self)
-        term_bus = Bus(bus.nc, bus.service, url=bus.url, token=bus.token)
-        term_bus.stats = bus.stats  # counted in the service's health
-        self._term_bus = term_bus
-        term_bus.consume(durable="bench-coordinator", subjects=["safe.bench.*.result"],
-                         stream=CONTROL, handler=self._on_result)
-        self._subs = [
-            await bus.serve(REPORT_SUBJECT, self._report, queue="bench-coordinator"),
-            await bus.serve(PAIR_SUBJECT, self.multinode.pair, queue="bench-coordinator"),
-            await bus.serve(SEARCH_SUBJECT, self.multinode.search, queue="bench-coordinator"),
-            await bus.serve(SWEEP_SUBJECT, self.sweeps.run, queue="bench-coordinator"),
-            await bus.nc.subscribe(SHARE_SUBJECT.format(session="*"), cb=self._on_share),
-        ]
+        self._term_routes = await wire(bus, COORDINATOR, self, leader=True)
         self._acting = True
 
     async def _abdicate(self, reason: str) -> None:
@@ -145,13 +123,9 @@ class BenchCoordinator:
 
     async def _stop_acting(self) -> None:
         self._acting = False
-        for sub in self._subs:
-            with contextlib.suppress(Exception):
-                await sub.unsubscribe()
-        self._subs = []
-        if self._term_bus is not None:
-            await self._term_bus.stop_consuming()
-            self._term_bus = None
+        if self._term_routes is not None:
+            await self._term_routes.stop()
+            self._term_routes = None
         # A sweep or search in progress holds a request handler; end it so the
         # connection can drain and the service exits.
         self.sweeps.stop()
@@ -166,26 +140,26 @@ class BenchCoordinator:
 
     # ------------------------------------------------------------------ results
 
-    async def _on_result(self, event: Event) -> None:
-        assert isinstance(event, BenchResult) and self.multinode is not None
+    async def on_bench_result(self, event: BenchResult) -> None:
+        assert self.multinode is not None
         self._fence()  # a deposed leader's last batch goes back for the new leader
         data = event.data
         if data.judged_by == "coordinator":
             return  # our own verdict
         if data.session is not None:
-            return  # shares of multi-node tests come over SHARE_SUBJECT
+            return  # shares of multi-node tests come over the share endpoint
         self.config.reload()
-        record = self.latest.get(event.node) or _empty(event.node)
+        record = self.latest.get(event.node) or BenchRecord(node=event.node)
         stamp = event.time.timestamp()
         if data.trigger == "probe":
-            record["probe"] = {"time": stamp, "reason": data.reason}
+            record.probe = BenchProbe(time=stamp, reason=data.reason)
             await self.save(event.node, record)
             return
-        known = record["levels"].get(data.level)
-        if known is not None and known["time"] >= stamp:
+        known = record.levels.get(data.level)
+        if known is not None and known.time >= stamp:
             return  # older than what we hold (redelivery or replay)
-        record["levels"][data.level] = {"node": event.node, "time": stamp,
-                                        "event_id": event.id, **data.model_dump(mode="json")}
+        record.levels[data.level] = BenchRun(node=event.node, time=stamp, event_id=event.id,
+                                             **data.model_dump())
         if data.sweep is not None:  # judged with the rest of its sweep
             await self.save(event.node, record)
             self.sweeps.on_result(event)
@@ -194,15 +168,22 @@ class BenchCoordinator:
             await self._judge(event, record)
         await self.save(event.node, record)
 
-    async def _on_share(self, msg: Any) -> None:
+    async def on_share(self, event: BenchResult) -> None:
+        """One node's share of a multi-node test (core NATS, not an event)."""
         assert self.multinode is not None
-        try:
-            event = parse_event(msg.data)
-        except ValueError as exc:
-            self._log.warning("bad multi-node share", error=str(exc)[:200])
-            return
-        if isinstance(event, BenchResult) and event.data.session is not None:
+        if event.data.session is not None:
             self.multinode.on_share(event)
+
+    async def on_pair(self, request: PairRequest) -> PairReply:
+        assert self.multinode is not None
+        return await self.multinode.pair(request)
+
+    async def on_search(self, request: SearchRequest) -> SearchReply:
+        assert self.multinode is not None
+        return await self.multinode.search(request)
+
+    async def on_sweep(self, request: SweepRequest) -> SweepReply:
+        return await self.sweeps.run(request)
 
     def peers(self, node: str, gpu_model: str, now: float) -> dict[str, dict[str, float]]:
         """Latest standard/full figures of the other nodes of this model, without
@@ -210,13 +191,12 @@ class BenchCoordinator:
         max_age = self.config.current.fleet.max_age_s
         out: dict[str, dict[str, float]] = {}
         for other, record in self.latest.items():
-            verdict = record.get("verdict") or {}
-            if other == node or verdict.get("outcome") == "failed":
+            if other == node or (record.verdict and record.verdict.outcome == "failed"):
                 continue
-            runs = sorted((r for lvl, r in record["levels"].items() if lvl in JUDGED_LEVELS
-                           and (r["gpu_model"] or r["device"]) == gpu_model
-                           and now - r["time"] <= max_age), key=lambda r: r["time"])
-            values = {f["name"]: f["value"] for r in runs for f in r["figures"]}
+            runs = sorted((r for lvl, r in record.levels.items() if lvl in JUDGED_LEVELS
+                           and (r.gpu_model or r.device) == gpu_model
+                           and now - r.time <= max_age), key=lambda r: r.time)
+            values = {f.name: f.value for r in runs for f in r.figures}
             if values:
                 out[other] = values
         return out
@@ -233,24 +213,25 @@ class BenchCoordinator:
                                       data.reason)
         return judged, local
 
-    async def _judge(self, event: BenchResult, record: dict[str, Any]) -> None:
+    async def _judge(self, event: BenchResult, record: BenchRecord) -> None:
         assert self.bus is not None
         data = event.data
         judged, local = self.judge(data, self.peers(event.node, data.gpu_model or data.device,
                                                     event.time.timestamp()))
-        pending = record.get("pending")
-        first, repeated = None, True
+        pending = record.pending
+        first: tuple[Outcome, str] | None = None
+        repeated = True
         if data.retry_of is not None:
-            if pending and pending.get("request_id") == data.retry_of:
-                first = (pending["outcome"], pending["reason"])
+            if pending and pending.request_id == data.retry_of:
+                first = (pending.outcome, pending.reason)
                 policy = self.config.current.fleet
-                earlier = [(float(r), float(z)) for r, z in pending.get("repeats", [])]
+                earlier = list(pending.repeats)
                 evidence, judged = weigh_retries(judged, earlier, policy=policy)
                 if measure_again(evidence, attempt=data.attempt, max_retries=policy.max_retries,
                                  local=local[0], fleet=judged.outcome):
                     await self._repeat(event, record, pending, judged, earlier)
                     return
-                repeated = bool(set(pending.get("flagged", [])) & set(judged.flagged))
+                repeated = bool(set(pending.flagged) & set(judged.flagged))
             else:  # we lost the first run: this repeat stands alone
                 first = (judged.outcome, judged.reason)
         decision = decide(local=local, fleet=(judged.outcome, judged.reason), first=first,
@@ -262,9 +243,9 @@ class BenchCoordinator:
                 id=f"{request_id}-retry", source=SOURCE, node=event.node,
                 data=BenchRequestData(level=data.level, reason=f"retry: {decision.reason}",
                                       attempt=data.attempt + 1, retry_of=request_id)))
-            record["pending"] = {"request_id": request_id, "outcome": decision.outcome,
-                                 "reason": decision.reason, "flagged": judged.flagged,
-                                 "time": time.time()}
+            record.pending = BenchPending(request_id=request_id, outcome=decision.outcome,
+                                          reason=decision.reason, flagged=judged.flagged,
+                                          time=time.time())
             self.retries += 1
             self._log.info("bench retry requested", node=event.node, request=request_id,
                            outcome=decision.outcome, reason=decision.reason)
@@ -272,26 +253,26 @@ class BenchCoordinator:
         await self.publish_verdict(event, record, decision.outcome, decision.reason, judged,
                                    request_id)
 
-    async def _repeat(self, event: BenchResult, record: dict[str, Any],
-                      pending: dict[str, Any], judged: NodeJudgement,
+    async def _repeat(self, event: BenchResult, record: BenchRecord,
+                      pending: BenchPending, judged: NodeJudgement,
                       earlier: list[tuple[float, float]]) -> None:
         """A repeat that could not tell (see ``weigh_retries``): measure once more."""
         assert self.bus is not None
         data = event.data
-        request_id = pending["request_id"]
+        request_id = pending.request_id
         self._fence()
         await self.bus.publish(BenchRequest(
             id=f"{request_id}-retry{data.attempt}", source=SOURCE, node=event.node,
             data=BenchRequestData(level=data.level, reason=f"retry: unsure ({judged.reason})",
                                   attempt=data.attempt + 1, retry_of=request_id)))
         ratio = score_ratio(judged) or 1.0
-        record["pending"] = {**pending, "repeats": [*earlier, (ratio, judged.score_z)],
-                             "time": time.time()}
+        record.pending = pending.model_copy(update={
+            "repeats": [*earlier, (ratio, judged.score_z)], "time": time.time()})
         self.retries += 1
         self._log.info("bench retry requested", node=event.node, request=request_id,
                        outcome="unsure", reason=judged.reason)
 
-    async def publish_verdict(self, event: BenchResult, record: dict[str, Any],
+    async def publish_verdict(self, event: BenchResult, record: BenchRecord,
                               outcome: Outcome, reason: str, judged: NodeJudgement,
                               request_id: str) -> None:
         """Say what the fleet comparison (after any retry) found; bootstrap acts on it."""
@@ -311,18 +292,19 @@ class BenchCoordinator:
                 duration_s=data.duration_s, outcome=outcome, attempt=data.attempt,
                 retry_of=data.retry_of, judged_by="coordinator", verdict_of=event.id,
                 checks=data.checks, sweep=data.sweep)))
-        record["verdict"] = {"outcome": outcome, "reason": reason, "request_id": request_id,
-                             "time": event.time.timestamp(), "flagged": judged.flagged,
-                             "score": judged.score, "score_median": judged.score_median}
-        record["pending"] = None
+        record.verdict = BenchVerdict(outcome=outcome, reason=reason, request_id=request_id,
+                                      time=event.time.timestamp(), flagged=judged.flagged,
+                                      score=judged.score, score_median=judged.score_median)
+        record.pending = None
         self.verdicts += 1
         self._log.info("bench verdict", node=event.node, request=request_id, outcome=outcome,
                        reason=reason)
 
-    async def save(self, node: str, record: dict[str, Any]) -> None:
+    async def save(self, node: str, record: BenchRecord) -> None:
+        """The leader's record stands over one a deposed leader wrote meanwhile."""
         assert self.kv is not None
         self._fence()
-        await put_record(self.kv, node, record)
+        await self.kv.put(node, record, on_conflict=lambda _: self._fence())
         self.latest[node] = record
 
     # ------------------------------------------------------------------ report
@@ -331,29 +313,28 @@ class BenchCoordinator:
         """Every judged figure of every node's latest run per level against the
         median of its GPU model and level, worst deviation first."""
         rows: list[dict[str, Any]] = []
-        levels = sorted({lvl for r in self.latest.values() for lvl in r["levels"]})
+        levels = sorted({lvl for r in self.latest.values() for lvl in r.levels})
         for level in levels:
-            figures = [NodeFigure(n, run["gpu_model"] or run["device"], f["name"], f["value"],
-                                  f["unit"])
-                       for n, r in self.latest.items() if (run := r["levels"].get(level))
-                       for f in run["figures"]]
+            figures = [NodeFigure(n, run.gpu_model or run.device, f.name, f.value, f.unit)
+                       for n, r in self.latest.items() if (run := r.levels.get(level))
+                       for f in run.figures]
             for d in compare_with_fleet(figures, k=self.config.current.fleet.k,
                                         min_peers=self.config.current.fleet.min_peers):
                 record = self.latest[d.node]
-                run = record["levels"][level]
-                verdict = record.get("verdict") or {}
+                run = record.levels[level]
+                verdict = record.verdict
                 rows.append({
                     "node": d.node, "gpu_model": d.gpu_model, "level": level, "name": d.name,
                     "value": d.value, "unit": d.unit, "median": d.median,
                     "relative": d.relative, "robust_z": d.robust_z, "flagged": d.flagged,
-                    "peers": d.peers, "passed": run["passed"],
-                    "outcome": verdict.get("outcome") or run.get("outcome"),
-                    "verdict": verdict.get("reason", ""),
+                    "peers": d.peers, "passed": run.passed,
+                    "outcome": (verdict.outcome if verdict else None) or run.outcome,
+                    "verdict": verdict.reason if verdict else "",
                 })
         return sorted(rows, key=lambda r: (r["relative"], r["node"], r["name"]))
 
-    async def _report(self, _: dict[str, Any]) -> dict[str, Any]:
-        return {"ok": True, "rows": self.report()}
+    async def on_report(self, _: Empty) -> FleetReport:
+        return FleetReport(rows=[FleetRow.model_validate(row) for row in self.report()])
 
     async def stop(self) -> None:
         if self._follow_task is not None:

@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from pathlib import Path
 
+from libs.worker_env import RankEnv
 from services.bench.gpu_peaks import lookup, shares, table
 
 
@@ -49,8 +49,9 @@ def collectives(args: argparse.Namespace) -> int:
     from services.bench.collectives import RankPlan, _figures, _measure
     from services.bench.config import Timing
 
-    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    plan = RankPlan("nccl", "env://", world, rank, int(os.environ["LOCAL_RANK"]), True,
+    env = RankEnv.from_env()  # torchrun's
+    rank, world = env.rank, env.world_size
+    plan = RankPlan("nccl", "env://", world, rank, env.local_rank, True,
                     tuple(args.bytes), Timing(warmup=5, repeats=5, sample_s=0.25), 120.0)
     samples = _measure(plan)
     if rank == 0:

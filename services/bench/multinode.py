@@ -12,11 +12,9 @@ bootstrap's inventory (``nodes`` bucket), else the loopback address.
 from __future__ import annotations
 
 import asyncio
-import json
 import statistics
 import uuid
 from collections.abc import Mapping
-from typing import Any
 
 from libs.bus import Bus
 from libs.events import (
@@ -28,7 +26,9 @@ from libs.events import (
     BenchResultData,
 )
 from libs.logs import get_logger
+from libs.records import NODES, BenchRecord, BenchRun
 from services.bench.config import ConfigFile
+from services.bench.protocol import PairReply, PairRequest, SearchReply, SearchRequest
 from services.bench.split_search import Group, SplitSearch
 from services.bench.triage import Candidate, choose_partner, group_passed, rendezvous_port, waves
 
@@ -36,7 +36,7 @@ INTERNODE_PREFIX = "internode_allreduce"
 
 
 class MultiNode:
-    def __init__(self, bus: Bus, config: ConfigFile, latest: Mapping[str, dict[str, Any]],
+    def __init__(self, bus: Bus, config: ConfigFile, latest: Mapping[str, BenchRecord],
                  source: str) -> None:
         self.bus = bus
         self.config = config
@@ -62,25 +62,30 @@ class MultiNode:
 
     async def _address(self, node: str) -> str:
         try:
-            entry = await (await self.bus.kv("nodes")).get(node)
-            return str(json.loads(entry.value)["spec"]["ip"])
+            record = await (await self.bus.records(NODES)).get(node)
         except Exception:
-            return "127.0.0.1"
+            record = None
+        return record.spec.ip if record is not None else "127.0.0.1"
 
     def _model_and_ranks(self, node: str) -> tuple[str, int]:
-        runs = list((self.latest.get(node) or {}).get("levels", {}).values())
-        if not runs:
+        run = self._last_run(node)
+        if run is None:
             return "", 1
-        run = max(runs, key=lambda r: r["time"])
-        ranks = run["device_count"] if run["device"] != "cpu" else 1
-        return run["gpu_model"] or run["device"], max(1, ranks)
+        ranks = run.device_count if run.device != "cpu" else 1
+        return run.gpu_model or run.device, max(1, ranks)
+
+    def _last_run(self, node: str) -> BenchRun | None:
+        record = self.latest.get(node)
+        runs = list(record.levels.values()) if record is not None else []
+        return max(runs, key=lambda r: r.time) if runs else None
 
     def _candidates(self) -> list[Candidate]:
         out = []
         for node, record in self.latest.items():
-            verdict = record.get("verdict") or {}
+            verdict = record.verdict
             model, _ = self._model_and_ranks(node)
-            out.append(Candidate(node, model, verdict.get("outcome"), verdict.get("time", 0.0)))
+            out.append(Candidate(node, model, verdict.outcome if verdict else None,
+                                 verdict.time if verdict else 0.0))
         return out
 
     async def _rendezvous(self, session: str, nodes: list[str], purpose: str
@@ -100,28 +105,28 @@ class MultiNode:
 
     # ------------------------------------------------------------------ pairing
 
-    async def pair(self, request: dict[str, Any]) -> dict[str, Any]:
+    async def pair(self, request: PairRequest) -> PairReply:
         """An agent running the full level asks for a partner: choose one, ask
         it to join, and answer with the rendezvous for both."""
-        node, request_id = str(request["node"]), str(request["request_id"])
+        node, request_id = request.node, request.request_id
         model, _ = self._model_and_ranks(node)
         partner = choose_partner(node, model, self._candidates())
         if partner is None:
-            return {"ok": False, "error": f"no known-healthy partner of model {model!r} yet "
-                                          "(run the standard level on the fleet first)"}
+            return PairReply(ok=False, error=f"no known-healthy partner of model {model!r} yet "
+                                             "(run the standard level on the fleet first)")
         rdv = await self._rendezvous(f"pair-{request_id}", [node, partner],
                                      f"pair {node} with healthy {partner}")
         await self._ask(rdv, [partner], f"partner for {node}'s full bench")
         self._log.info("paired", node=node, partner=partner, session=rdv.session)
-        return {"ok": True, "rendezvous": rdv.model_dump(mode="json")}
+        return PairReply(rendezvous=rdv)
 
     # ------------------------------------------------------------------ split search
 
     def _reference_gbps(self, model: str) -> float | None:
-        values = [f["value"] for record in self.latest.values()
-                  for lvl, run in record["levels"].items() if lvl == "full"
-                  and (run["gpu_model"] or run["device"]) == model
-                  for f in run["figures"] if f["name"].startswith(INTERNODE_PREFIX)]
+        values = [f.value for record in self.latest.values()
+                  for lvl, run in record.levels.items() if lvl == "full"
+                  and (run.gpu_model or run.device) == model
+                  for f in run.figures if f.name.startswith(INTERNODE_PREFIX)]
         return statistics.median(values) if len(values) >= 3 else None
 
     async def _test(self, group: Group, session: str, model: str) -> tuple[bool, str]:
@@ -155,24 +160,22 @@ class MultiNode:
 
     async def _fail(self, node: str, reason: str) -> None:
         """The coordinator's failing verdict on a node the search singled out."""
-        runs = list((self.latest.get(node) or {}).get("levels", {}).values())
-        last = max(runs, key=lambda r: r["time"]) if runs else {}
+        last = self._last_run(node)
         await self.bus.publish(BenchResult(
             source=self.source, node=node, data=BenchResultData(
                 level="full", passed=False, reason=reason, outcome="failed",
-                device=last.get("device", "unknown"), device_count=last.get("device_count", 0),
-                gpu_model=last.get("gpu_model", ""), duration_s=0.0, judged_by="coordinator",
+                device=last.device if last else "unknown",
+                device_count=last.device_count if last else 0,
+                gpu_model=last.gpu_model if last else "", duration_s=0.0, judged_by="coordinator",
                 checks=[BenchCheck(name="inter_node_collectives", status="failed",
                                    detail=reason)])))
 
-    async def search(self, request: dict[str, Any]) -> dict[str, Any]:
+    async def search(self, request: SearchRequest) -> SearchReply:
         """Find the bad node(s) among ``nodes`` (a collective over them failed),
         using ``healthy`` (default: the nodes whose latest verdict is healthy)."""
-        suspects = [str(n) for n in request.get("nodes", [])]
-        if len(suspects) < 2:
-            return {"ok": False, "error": "give at least two nodes"}
+        suspects = list(request.nodes)
         model, _ = self._model_and_ranks(suspects[0])
-        healthy = request.get("healthy")
+        healthy = request.healthy
         if healthy is None:
             healthy = [c.node for c in self._candidates() if c.outcome == "healthy"
                        and c.gpu_model == model and c.node not in suspects]
@@ -198,9 +201,9 @@ class MultiNode:
         for node in run.bad:  # seen twice: in the collective that failed and in the search
             await self._fail(node, f"split search ({tag}): fails multi-node collectives "
                                    f"with known-healthy partners; {log[-1] if log else ''}")
-        return {"ok": True, "bad": run.bad, "cleared": run.cleared,
-                "inconclusive": [list(s) for s in run.inconclusive], "rounds": run.rounds,
-                "tests": run.tests, "log": log}
+        return SearchReply(bad=run.bad, cleared=run.cleared,
+                           inconclusive=[list(s) for s in run.inconclusive],
+                           rounds=run.rounds, tests=run.tests, log=log)
 
 
 def _failed(share: BenchResult) -> bool:

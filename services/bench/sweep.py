@@ -17,14 +17,14 @@ confirms is published.
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 import uuid
 from typing import Any, Protocol
 
-from libs.bus import QUERY_SUBJECT, Bus
+from libs.bus import Bus
 from libs.events import BenchRequest, BenchRequestData, BenchResult, BenchResultData, BenchSweep
 from libs.logs import get_logger
+from libs.records import BenchRecord
 from services.bench.config import ConfigFile
 from services.bench.fleet import (
     NodeJudgement,
@@ -35,6 +35,7 @@ from services.bench.fleet import (
     score_ratio,
     weigh_retries,
 )
+from services.bench.protocol import TURN, SweepReply, SweepRequest, SweepVerdict, TurnRequest
 from services.bench.triage import decide, measure_again
 from services.bench.turns import TurnRing
 
@@ -46,18 +47,17 @@ class Judge(Protocol):
 
     bus: Bus | None
     config: ConfigFile
-    latest: dict[str, dict[str, Any]]
+    latest: dict[str, BenchRecord]
 
     def judge(self, data: BenchResultData, peers: dict[str, dict[str, float]],
               spread: Spread | None = None) -> tuple[NodeJudgement, tuple[Outcome, str]]: ...
 
-    async def save(self, node: str, record: dict[str, Any]) -> None: ...
+    async def save(self, node: str, record: BenchRecord) -> None: ...
 
-    async def publish_verdict(self, event: BenchResult, record: dict[str, Any],
+    async def publish_verdict(self, event: BenchResult, record: BenchRecord,
                               outcome: Outcome, reason: str, judged: NodeJudgement,
                               request_id: str) -> None: ...
 
-TURN_SUBJECT = QUERY_SUBJECT.format(name="bench.turn.{session}")
 HELPERS = 5  # healthy nodes measured again beside the suspects
 NODE_TIMEOUT_S = 180.0  # a sweep waits this long per node (turns: nodes one at a time)
 
@@ -103,11 +103,11 @@ class Sweeps:
 
         async def on_msg(msg: Any) -> None:
             try:
-                body = json.loads(msg.data)
-                node, op = str(body["node"]), str(body["op"])
-            except (ValueError, KeyError, TypeError):
+                turn = TurnRequest.model_validate_json(msg.data)
+            except ValueError:
                 await msg.respond(b'{"ok": false, "error": "bad turn request"}')
                 return
+            node, op = turn.node, turn.op
             now = time.monotonic()
             if op == "acquire":
                 pending[node] = msg
@@ -122,7 +122,8 @@ class Sweeps:
                 await asyncio.sleep(1.0)
                 await grant(ring.expire(time.monotonic()))
 
-        sub = await bus.nc.subscribe(TURN_SUBJECT.format(session=session), cb=on_msg)
+        # Answered when the turn is granted, not when asked: a plain subscription.
+        sub = await bus.subscribe(TURN, on_msg, session=session)
         return sub, asyncio.create_task(expire())
 
     async def measure(self, session: str, nodes: list[str], *, level: str, turns: bool,
@@ -131,7 +132,7 @@ class Sweeps:
         """Ask every node for the level as part of one sweep; their runs."""
         bus = self.coordinator.bus
         assert bus is not None
-        subject = TURN_SUBJECT.format(session=session) if turns else None
+        subject = TURN.at(session=session) if turns else None
         sweep = BenchSweep(session=session, nodes=nodes, turn_subject=subject)
         self._arrived[session] = asyncio.Event()
         self.results[session] = {}
@@ -165,14 +166,9 @@ class Sweeps:
     def _figures(runs: dict[str, BenchResult], nodes: list[str]) -> dict[str, dict[str, float]]:
         return {n: {f.name: f.value for f in runs[n].data.figures} for n in nodes if n in runs}
 
-    async def run(self, request: dict[str, Any]) -> dict[str, Any]:
-        """``{"nodes": [...], "level": "standard", "turns": false}`` -> every
-        node's verdict, after the repeat of any that looked unhealthy."""
-        nodes = [str(n) for n in request.get("nodes", [])]
-        level = str(request.get("level", "standard"))
-        turns = bool(request.get("turns", False))
-        if not nodes or level not in ("standard", "full"):
-            return {"ok": False, "error": "give nodes and a level: standard or full"}
+    async def run(self, request: SweepRequest) -> SweepReply:
+        """Every node's verdict, after the repeat of any that looked unhealthy."""
+        nodes, level, turns = list(request.nodes), request.level, request.turns
         coord = self.coordinator
         coord.config.reload()
         self.runs += 1
@@ -198,7 +194,7 @@ class Sweeps:
         # one, as the MAD of a few helpers is too noisy to trust.
         spread = self.noise.pooled(model, calm_spread)
         self.noise.add(model, calm_spread)
-        verdicts: dict[str, dict[str, Any]] = {}
+        verdicts: dict[str, SweepVerdict] = {}
         for node, decision in decisions.items():
             if decision.action == "verdict":
                 await self._verdict(first[node], decision.outcome, decision.reason,
@@ -243,13 +239,13 @@ class Sweeps:
         self._log.info("sweep done", session=session, nodes=len(nodes), suspects=suspects,
                        missing=missing, seconds=round(time.monotonic() - t0, 1),
                        scatter_of_sweeps=self.noise.sweeps(model))  # the typical one's basis
-        return {"ok": True, "session": session, "verdicts": verdicts, "missing": missing,
-                "suspects": suspects, "seconds": round(time.monotonic() - t0, 2),
-                "first_pass_s": round(first_s, 2)}
+        return SweepReply(session=session, verdicts=verdicts, missing=missing,
+                          suspects=suspects, seconds=round(time.monotonic() - t0, 2),
+                          first_pass_s=round(first_s, 2))
 
     async def _verdict(self, run: BenchResult, outcome: Outcome, reason: str,
                        judged: NodeJudgement, *,
-                       retried: bool, out: dict[str, dict[str, Any]],
+                       retried: bool, out: dict[str, SweepVerdict],
                        request_id: str | None = None) -> None:
         coord = self.coordinator
         record = coord.latest.get(run.node)
@@ -258,9 +254,9 @@ class Sweeps:
         request_id = request_id or run.data.request_id or run.id
         await coord.publish_verdict(run, record, outcome, reason, judged, request_id)
         await coord.save(run.node, record)
-        out[run.node] = {"outcome": outcome, "reason": reason, "retried": retried,
-                         "score": _ratio(judged) if judged.score else None,
-                         "duration_s": run.data.duration_s, "flagged": judged.flagged}
+        out[run.node] = SweepVerdict(outcome=outcome, reason=reason, retried=retried,
+                                     score=_ratio(judged) if judged.score else None,
+                                     duration_s=run.data.duration_s, flagged=judged.flagged)
 
 
 def _model(runs: dict[str, BenchResult]) -> str:

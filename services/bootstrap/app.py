@@ -17,22 +17,16 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import json
 from typing import Any
 
-from nats.js.errors import KeyNotFoundError, NoKeysError
-from nats.js.kv import KeyValue
-
-from libs.bus import CONTROL, Bus
+from libs.bus import Bus
 from libs.events import (
     BenchRequest,
     BenchRequestData,
     BenchResult,
-    Event,
     FaultOpened,
     NodeProvisioned,
     NodeRegistered,
-    NodeRegisteredData,
     NodeRemoved,
     NodeRemovedData,
     NodeStateChanged,
@@ -40,13 +34,23 @@ from libs.events import (
     new_event_id,
 )
 from libs.inventory import HostsFile, HostSpec
-from libs.kv import put_record
+from libs.kv import Records
 from libs.logs import get_logger
+from libs.records import INVENTORY, JOBS, NODES, InventoryRecord, NodeRecord
 from libs.settings import Settings
 from libs.specs import load_model
+from libs.wiring import wire
 from services.bootstrap.onboarding import State, Trigger, step
 from services.bootstrap.plan import NodeChange, busy_jobs, diff_nodes
-from services.bootstrap.protocol import APPLY_SUBJECT, REMOVE_BY_KUBESPRAY, REMOVE_SUBJECT
+from services.bootstrap.protocol import (
+    REMOVE_BY_KUBESPRAY,
+    ApplyReply,
+    ApplyRequest,
+    NodeChangeOut,
+    RemoveReply,
+    RemoveRequest,
+)
+from services.bootstrap.routes import ROUTES
 
 SOURCE = "bootstrap"
 
@@ -65,6 +69,7 @@ HANDED_OVER_KEY = "hosts"
 
 class Bootstrap:
     name = "bootstrap"
+    routes = ROUTES
 
     def __init__(self, settings: Settings, hosts: HostsFile | None = None, *,
                  drain_poll_s: float = 1.0) -> None:
@@ -74,9 +79,9 @@ class Bootstrap:
             # Validated before anything is published: bad input never half-applies.
             self.hosts = load_model(settings.hosts_file, HostsFile)
         self.bus: Bus | None = None
-        self.kv: KeyValue | None = None
-        self.inventory: KeyValue | None = None
-        self.nodes: dict[str, dict[str, Any]] = {}
+        self.kv: Records[NodeRecord] | None = None
+        self.inventory: Records[InventoryRecord] | None = None
+        self.nodes: dict[str, NodeRecord] = {}
         self._boot = self.hosts  # the file this process was started with
         self.drain_poll_s = drain_poll_s
         self._drains: dict[str, asyncio.Task[None]] = {}
@@ -87,37 +92,20 @@ class Bootstrap:
 
     async def start(self, bus: Bus) -> None:
         self.bus = bus
-        self.kv = await bus.kv("nodes")
-        for key in await _keys(self.kv):
-            entry = await self.kv.get(key)
-            self.nodes[key] = json.loads(entry.value)
-        self.inventory = await bus.kv("inventory")
+        self.kv = await bus.records(NODES)
+        self.nodes = await self.kv.load()
+        self.inventory = await bus.records(INVENTORY)
         self.hosts = await self._current_hosts(self.hosts)
         if self.hosts is not None:
             await self.apply(self.hosts)
-        await bus.serve(APPLY_SUBJECT, self._on_apply_request)
-        await bus.serve(REMOVE_SUBJECT, self._on_remove_request)
-        bus.consume(
-            durable="bootstrap",
-            subjects=["safe.bench.*.result", "safe.fault.*.opened"],
-            stream=CONTROL,
-            handler=self._on_event,
-        )
-        # Its own durable: an existing "bootstrap" consumer keeps its filter on
-        # upgrade (the bus leaves consumers as they are), so it would never see these.
-        bus.consume(
-            durable="bootstrap-provisioned",
-            subjects=["safe.node.*.provisioned"],
-            stream=CONTROL,
-            handler=self._on_event,
-        )
+        await wire(bus, ROUTES, self)
 
     async def apply(self, hosts: HostsFile, *, remove_with: str | None = None) -> list[NodeChange]:
         """Register what is new or changed, drain what left; nothing else.
         With ``remove_with="kubespray"`` a drained node waits for
         ``remove()`` (after remove-node.yml) instead of going at once."""
         assert self.bus is not None
-        recorded = {name: HostSpec.model_validate(r["spec"]) for name, r in self.nodes.items()}
+        recorded = {name: r.spec for name, r in self.nodes.items()}
         specs = {h.name: h for h in hosts.nodes}
         changes = diff_nodes(recorded, hosts)
         for change in changes:
@@ -126,43 +114,37 @@ class Bootstrap:
             else:
                 await self._register(specs[change.node], provision=hosts.provisioned)
         for host in hosts.nodes:  # unchanged but draining (re-added): onboard again
-            if self.nodes[host.name]["state"] == "draining":
+            if self.nodes[host.name].state == "draining":
                 await self._register(host, provision=hosts.provisioned, again=new_event_id())
         return changes
 
-    async def _on_apply_request(self, request: dict[str, Any]) -> dict[str, Any]:
-        """``bootstrap apply`` hands over an edited file; it is validated in
-        full before anything changes (a bad one is refused, nothing moves)."""
-        hosts = HostsFile.model_validate(request.get("hosts"))
-        remove_with = request.get("remove_with")
-        if remove_with not in (None, REMOVE_BY_KUBESPRAY):
-            raise ValueError(f"remove_with {remove_with!r}: use null or {REMOVE_BY_KUBESPRAY!r}")
+    async def on_apply(self, request: ApplyRequest) -> ApplyReply:
+        """``bootstrap apply`` hands over an edited file; it was validated in
+        full before this is called (a bad one is refused, nothing moves)."""
+        hosts = request.hosts
         async with self._lock:
-            changes = await self.apply(hosts, remove_with=remove_with)
+            changes = await self.apply(hosts, remove_with=request.remove_with)
             await self._keep_handed_over(hosts)
         self.hosts = hosts
-        return {"ok": True, "changes": [{"node": c.node, "action": c.action,
-                                         "fields": list(c.fields)} for c in changes]}
+        return ApplyReply(changes=[NodeChangeOut(node=c.node, action=c.action,
+                                                 fields=list(c.fields)) for c in changes])
 
-    async def _on_remove_request(self, request: dict[str, Any]) -> dict[str, Any]:
+    async def on_remove(self, request: RemoveRequest) -> RemoveReply:
         """Kubespray removed these nodes: publish node.removed for each one
         that is drained; refuse (and say why) any that is not."""
-        nodes = request.get("nodes")
-        if not isinstance(nodes, list):
-            raise ValueError("nodes: give a list of node names")
-        reason = str(request.get("reason") or "removed by Kubespray remove-node.yml")
+        reason = request.reason or "removed by Kubespray remove-node.yml"
         removed, refused = [], {}
         async with self._lock:
-            for node in nodes:
+            for node in request.nodes:
                 record = self.nodes.get(node)
                 if record is None:
                     removed.append(node)  # already gone: a retried request is fine
-                elif record["state"] != "draining" or not record.get("drained"):
-                    refused[node] = f"state {record['state']}, not drained: jobs may still run"
+                elif record.state != "draining" or not record.drained:
+                    refused[node] = f"state {record.state}, not drained: jobs may still run"
                 else:
                     await self._remove(node, reason)
                     removed.append(node)
-        return {"ok": not refused, "removed": removed, "refused": refused}
+        return RemoveReply(ok=not refused, removed=removed, refused=refused)
 
     async def _register(self, host: HostSpec, *, provision: bool,
                         again: str | None = None) -> None:
@@ -172,14 +154,10 @@ class Bootstrap:
         reg = registration_id(host) + (f"-{again}" if again else "")
         if (drain := self._drains.pop(host.name, None)) is not None:
             drain.cancel()
-        await self.bus.publish(NodeRegistered(
-            id=reg, source=SOURCE, node=host.name,
-            data=NodeRegisteredData(ip=host.ip, gpu_model=host.gpu_model,
-                                    gpu_count=host.gpu_count, roles=list(host.roles),
-                                    labels=host.labels),
-        ))
-        await self._save(host.name, {"spec": host.model_dump(), "registration": reg,
-                                     "state": "registered", "reason": "in hosts file"})
+        await self.bus.publish(NodeRegistered(id=reg, source=SOURCE, node=host.name,
+                                              data=host.registered()))
+        await self._save(NodeRecord(spec=host, registration=reg, state="registered",
+                                    reason="in hosts file"))
         self._log.info("node registered", node=host.name)
         if provision:
             # Gated: preflight only after Kubespray reports the node provisioned.
@@ -192,18 +170,18 @@ class Bootstrap:
         record = self.nodes[node]
         await self._set_state(node, "bench_requested", "onboarding preflight", cause=cause)
         await self.bus.publish(BenchRequest(
-            id=f"{cause or record['registration']}-bench", source=SOURCE, node=node,
+            id=f"{cause or record.registration}-bench", source=SOURCE, node=node,
             data=BenchRequestData(level="quick", reason="onboarding",
-                                  expected_devices=record["spec"]["gpu_count"]),
+                                  expected_devices=record.spec.gpu_count),
         ))
 
     async def _start_drain(self, node: str, remove_with: str | None = None) -> None:
         record = self.nodes[node]
-        if record["state"] in ("registered", "provisioning"):
+        if record.state in ("registered", "provisioning"):
             remove_with = None  # never joined Kubernetes: nothing for remove-node.yml to do
-        if record.get("remove_by") != remove_with:
-            await self._save(node, {**record, "remove_by": remove_with})
-        if node not in self._drains and not self.nodes[node].get("drained"):
+        if record.remove_by != remove_with:
+            await self._save(record.model_copy(update={"remove_by": remove_with}))
+        if node not in self._drains and not self.nodes[node].drained:
             await self._set_state(node, "drain_requested", "removed from the hosts file; "
                                   "moving its jobs away")
             self._drains[node] = asyncio.create_task(self._finish_drain(node))
@@ -212,9 +190,9 @@ class Bootstrap:
         """Wait until no job runs on ``node`` (the scheduler evacuates any node
         that is not ready), then remove it."""
         assert self.bus is not None
-        jobs_kv = await self.bus.kv("jobs")
+        jobs = await self.bus.records(JOBS)
         shown: list[str] = []
-        while busy := busy_jobs(await _records(jobs_kv), node):
+        while busy := busy_jobs((await jobs.load()).values(), node):
             if busy != shown:  # say it when it changes, not every poll
                 self._log.info("draining", node=node, jobs=busy)
                 shown = busy
@@ -222,12 +200,12 @@ class Bootstrap:
         async with self._lock:
             self._drains.pop(node, None)
             record = self.nodes.get(node)
-            if record is None or record["state"] != "draining":
+            if record is None or record.state != "draining":
                 return  # re-added meanwhile
-            if record.get("remove_by") == REMOVE_BY_KUBESPRAY:
+            if record.remove_by == REMOVE_BY_KUBESPRAY:
                 # Still a Kubernetes node: bootstrap apply runs remove-node.yml next.
-                await self._save(node, {**record, "drained": True,
-                                        "reason": "drained; waiting for remove-node.yml"})
+                await self._save(record.model_copy(update={
+                    "drained": True, "reason": "drained; waiting for remove-node.yml"}))
                 self._log.info("node drained", node=node)
                 return
             await self._remove(node, "removed from the hosts file")
@@ -236,43 +214,46 @@ class Bootstrap:
         assert self.bus is not None and self.kv is not None
         record = self.nodes[node]
         await self.bus.publish(NodeRemoved(
-            id=f"{node}-removed-{record['registration']}", source=SOURCE, node=node,
+            id=f"{node}-removed-{record.registration}", source=SOURCE, node=node,
             data=NodeRemovedData(reason=reason),
         ))
         await self.kv.delete(node)
         self.nodes.pop(node, None)
         self._log.info("node removed", node=node, reason=reason)
 
-    async def _on_event(self, event: Event) -> None:
+    def _known(self, event: BenchResult | FaultOpened | NodeProvisioned) -> bool:
+        if event.node in self.nodes:
+            return True
+        self._log.warning("event for unknown node", node=event.node, type=event.type)
+        return False
+
+    async def on_bench_result(self, event: BenchResult) -> None:
         async with self._lock:
-            await self._handle(event)
+            if self._known(event):
+                await self._set_state(
+                    event.node, "bench_passed" if event.data.passed else "bench_failed",
+                    f"bench {event.data.level}: {event.data.reason}", cause=event.id)
 
-    async def _handle(self, event: Event) -> None:
-        if event.node not in self.nodes:
-            self._log.warning("event for unknown node", node=event.node, type=event.type)
-            return
-        trigger: Trigger
-        if isinstance(event, BenchResult):
-            trigger = "bench_passed" if event.data.passed else "bench_failed"
-            reason = f"bench {event.data.level}: {event.data.reason}"
-        elif isinstance(event, FaultOpened):
-            if event.data.scope != "node" or not event.data.cordon:
-                return  # a job's fault, or one that is only recorded
-            trigger, reason = "fault_opened", f"fault {event.data.kind}: {event.data.reason}"
-        elif isinstance(event, NodeProvisioned):
-            await self._on_provisioned(event)
-            return
-        else:
-            return
-        await self._set_state(event.node, trigger, reason, cause=event.id)
+    async def on_fault_opened(self, event: FaultOpened) -> None:
+        if event.data.scope != "node" or not event.data.quarantine:
+            return  # a job's fault, or one that is only recorded
+        async with self._lock:
+            if self._known(event):
+                await self._set_state(event.node, "fault_opened",
+                                      f"fault {event.data.kind}: {event.data.reason}",
+                                      cause=event.id)
 
-    async def _on_provisioned(self, event: NodeProvisioned) -> None:
-        assert event.node is not None
+    async def on_node_provisioned(self, event: NodeProvisioned) -> None:
+        async with self._lock:
+            if self._known(event):
+                await self._provisioned(event)
+
+    async def _provisioned(self, event: NodeProvisioned) -> None:
         if not event.data.ok:
             await self._set_state(event.node, "provision_failed",
                                   f"provisioning failed: {event.data.reason}", cause=event.id)
-        elif self.nodes[event.node]["state"] in ("registered", "provisioning", "quarantined",
-                                                 "repair"):
+        elif self.nodes[event.node].state in ("registered", "provisioning", "quarantined",
+                                              "repair"):
             # A successful re-run also repairs a node that failed provisioning.
             await self._set_state(event.node, "provision_started", "provisioning",
                                   cause=event.id)
@@ -283,15 +264,15 @@ class Bootstrap:
                          cause: str | None = None) -> None:
         assert self.bus is not None
         record = self.nodes[node]
-        moved = step(record["state"], trigger, reason)
+        moved = step(record.state, trigger, reason)
         if moved is None:
             return
         new: State = moved.state
         await self.bus.publish(NodeStateChanged(
-            id=f"{node}-state-{cause or record['registration']}-{new}",
+            id=f"{node}-state-{cause or record.registration}-{new}",
             source=SOURCE, node=node, data=NodeStateData(state=new, reason=moved.reason),
         ))
-        await self._save(node, {**record, "state": new, "reason": moved.reason})
+        await self._save(record.model_copy(update={"state": new, "reason": moved.reason}))
         self._log.info("node state", node=node, state=new, reason=moved.reason)
 
     async def _current_hosts(self, boot: HostsFile | None) -> HostsFile | None:
@@ -302,25 +283,30 @@ class Bootstrap:
         chart release) is a newer word and wins."""
         assert self.inventory is not None
         try:
-            kept = json.loads((await self.inventory.get(HANDED_OVER_KEY)).value)
-        except (KeyNotFoundError, ValueError):
+            kept = await self.inventory.get(HANDED_OVER_KEY)
+        except ValueError as exc:
+            self._log.warning("the hosts file last handed over is unreadable; applying the "
+                              "boot file", error=str(exc))
             return boot
-        if kept.get("boot") != _identity(boot):
+        if kept is None or kept.boot != _identity(boot):
             return boot
-        hosts = HostsFile.model_validate(kept["hosts"])
+        hosts = kept.hosts
         self._log.info("applying the hosts file last handed over", nodes=len(hosts.nodes))
         return hosts
 
     async def _keep_handed_over(self, hosts: HostsFile) -> None:
         """Durable before the reply: the hand-over survives a restart."""
         assert self.inventory is not None
-        record = {"hosts": hosts.model_dump(mode="json"), "boot": _identity(self._boot)}
-        await self.inventory.put(HANDED_OVER_KEY, json.dumps(record).encode())
+        await self.inventory.put(HANDED_OVER_KEY,
+                                 InventoryRecord(hosts=hosts, boot=_identity(self._boot)),
+                                 on_conflict=_ours)
 
-    async def _save(self, node: str, record: dict[str, Any]) -> None:
+    async def _save(self, record: NodeRecord) -> None:
+        """Bootstrap holds the truth about its nodes: a record someone else
+        wrote meanwhile (an old replica still draining) is overwritten, logged."""
         assert self.kv is not None
-        await put_record(self.kv, node, record)
-        self.nodes[node] = record
+        await self.kv.put(record.name, record, on_conflict=_ours)
+        self.nodes[record.name] = record
 
     async def stop(self) -> None:
         for task in self._drains.values():
@@ -329,7 +315,7 @@ class Bootstrap:
     def health(self) -> dict[str, Any]:
         states: dict[str, int] = {}
         for record in self.nodes.values():
-            states[record["state"]] = states.get(record["state"], 0) + 1
+            states[record.state] = states.get(record.state, 0) + 1
         return {"nodes": len(self.nodes), "states": states}
 
 
@@ -340,18 +326,5 @@ def _identity(hosts: HostsFile | None) -> str | None:
     return hashlib.sha256(hosts.model_dump_json().encode()).hexdigest()
 
 
-async def _records(kv: KeyValue) -> list[dict[str, Any]]:
-    out = []
-    for key in await _keys(kv):
-        try:
-            out.append(json.loads((await kv.get(key)).value))
-        except (KeyNotFoundError, ValueError):
-            continue  # deleted meanwhile or not ours to judge
-    return out
-
-
-async def _keys(kv: KeyValue) -> list[str]:
-    try:
-        return await kv.keys()
-    except NoKeysError:
-        return []
+def _ours(_: NodeRecord | InventoryRecord | None) -> None:
+    """On a write conflict, bootstrap's own record stands."""

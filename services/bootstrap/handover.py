@@ -10,8 +10,6 @@ offline means.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -19,13 +17,15 @@ from typing import Any
 
 import nats
 import nats.errors
-from nats.js.errors import BucketNotFoundError, KeyNotFoundError, NoKeysError
+from nats.js.errors import BucketNotFoundError
 
 from libs.bus import Bus
 from libs.inventory import HostsFile, HostSpec
+from libs.records import JOBS, NODES, NodeRecord
+from libs.routes import Routes
 from libs.settings import Settings
 from services.bootstrap.plan import busy_jobs
-from services.bootstrap.protocol import APPLY_SUBJECT, REMOVE_SUBJECT, drained, live_specs
+from services.bootstrap.protocol import APPLY, REMOVE, ApplyRequest, RemoveRequest, drained
 
 
 @dataclass(frozen=True)
@@ -33,19 +33,19 @@ class LiveNodes:
     """The nodes bootstrap knows right now, from its ``nodes`` bucket."""
 
     url: str
-    records: dict[str, dict[str, Any]]
+    records: dict[str, NodeRecord]
 
     @property
     def specs(self) -> dict[str, HostSpec]:
         """Nodes that are in the cluster. One still waiting for Kubespray
         (registered, provisioning) is not: a plan must still add it, or an
         apply that failed half-way would never provision it."""
-        return live_specs([r for name, r in self.records.items() if name not in self.pending])
+        return {name: r.spec for name, r in self.records.items() if name not in self.pending}
 
     @property
     def pending(self) -> list[str]:
         return sorted(name for name, r in self.records.items()
-                      if r.get("state") in ("registered", "provisioning"))
+                      if r.state in ("registered", "provisioning"))
 
     def provisioned_any(self) -> bool:
         """Whether some node got past provisioning: then a cluster exists."""
@@ -53,7 +53,7 @@ class LiveNodes:
 
 
 async def open_bus(url: str, token: str | None, settings: Settings | None = None, *,
-                   timeout_s: float = 2.0) -> Bus | None:
+                   timeout_s: float = 2.0, routes: Routes | None = None) -> Bus | None:
     """A bus connection, or None when nothing answers at ``url`` (offline).
     One quiet attempt first: offline is an expected answer here, not a
     reason to retry and log until a timeout. ``settings`` brings the user,
@@ -73,7 +73,8 @@ async def open_bus(url: str, token: str | None, settings: Settings | None = None
             return None
         await probe.close()
     try:  # the real one reconnects, for drains that take a while
-        return await Bus.connect(url, "cli", token=token, timeout_s=timeout_s, **auth)
+        return await Bus.connect(url, "cli", token=token, timeout_s=timeout_s, routes=routes,
+                                 **auth)
     except ConnectionError:
         return None
 
@@ -81,33 +82,24 @@ async def open_bus(url: str, token: str | None, settings: Settings | None = None
 async def read_live(bus: Bus, url: str) -> LiveNodes | None:
     """None when the bus has no ``nodes`` bucket: bootstrap never ran there."""
     try:
-        kv = await bus.kv("nodes")
+        nodes = await bus.records(NODES)
     except BucketNotFoundError:
         return None
-    try:
-        keys = await kv.keys()
-    except NoKeysError:
-        keys = []
-    records = {}
-    for key in keys:
-        with contextlib.suppress(KeyNotFoundError, ValueError):
-            records[key] = json.loads((await kv.get(key)).value)
-    return LiveNodes(url, records)
+    return LiveNodes(url, await nodes.load())  # records this release cannot read are skipped
 
 
 async def hand_over(bus: Bus, hosts: HostsFile, *, remove_with: str | None,
                     timeout_s: float = 30.0) -> list[dict[str, Any]] | None:
     """Give bootstrap the edited file; its changes, or None when no
     bootstrap service answers. A refusal raises ValueError with its reason."""
-    body = {"hosts": hosts.model_dump(mode="json"), "remove_with": remove_with}
+    request = ApplyRequest(hosts=hosts, remove_with=remove_with)  # type: ignore[arg-type]
     try:
-        reply = await bus.request(APPLY_SUBJECT, body, timeout_s=timeout_s)
+        reply = await bus.ask(APPLY, request, timeout_s=timeout_s)
     except (nats.errors.NoRespondersError, nats.errors.TimeoutError):
         return None
-    if not reply.get("ok"):
-        raise ValueError(f"bootstrap refused the hosts file: {reply.get('error')}")
-    changes: list[dict[str, Any]] = reply["changes"]
-    return changes
+    if not reply.ok:
+        raise ValueError(f"bootstrap refused the hosts file: {reply.error}")
+    return [change.model_dump() for change in reply.changes]
 
 
 async def wait_drained(bus: Bus, nodes: list[str], *, timeout_s: float, poll_s: float = 1.0,
@@ -116,18 +108,14 @@ async def wait_drained(bus: Bus, nodes: list[str], *, timeout_s: float, poll_s: 
     """Block until bootstrap reports every node in ``nodes`` drained (the
     scheduler moved its jobs away). ``on_wait`` hears (node, running jobs)
     whenever that changes. TimeoutError names what still runs."""
-    kv, jobs_kv = await bus.kv("nodes"), await bus.kv("jobs")
+    records, job_records = await bus.records(NODES), await bus.records(JOBS)
     deadline = clock() + timeout_s
     shown: dict[str, list[str]] = {}
     while True:
         waiting: dict[str, list[str]] = {}
         for node in nodes:
-            try:
-                record = json.loads((await kv.get(node)).value)
-            except KeyNotFoundError:
-                record = None
-            if not drained(record):
-                waiting[node] = busy_jobs(await _records(jobs_kv), node)
+            if not drained(await records.get(node)):
+                waiting[node] = busy_jobs((await job_records.load()).values(), node)
         if not waiting:
             return
         for node, jobs in waiting.items():
@@ -144,21 +132,8 @@ async def wait_drained(bus: Bus, nodes: list[str], *, timeout_s: float, poll_s: 
 async def ask_remove(bus: Bus, nodes: list[str], *, reason: str) -> list[str]:
     """Ask bootstrap to publish node.removed for ``nodes``; the removed ones.
     A refusal (a node not drained) raises ValueError naming it."""
-    reply = await bus.request(REMOVE_SUBJECT, {"nodes": nodes, "reason": reason}, timeout_s=30)
-    if not reply.get("ok"):
-        why = reply.get("refused") or reply.get("error")
+    reply = await bus.ask(REMOVE, RemoveRequest(nodes=nodes, reason=reason), timeout_s=30)
+    if not reply.ok:
+        why = getattr(reply, "refused", None) or reply.error
         raise ValueError(f"bootstrap did not remove every node: {why}")
-    removed: list[str] = reply["removed"]
-    return removed
-
-
-async def _records(kv: Any) -> list[dict[str, Any]]:
-    try:
-        keys = await kv.keys()
-    except NoKeysError:
-        return []
-    out = []
-    for key in keys:
-        with contextlib.suppress(KeyNotFoundError, ValueError):
-            out.append(json.loads((await kv.get(key)).value))
-    return out
+    return list(reply.removed)

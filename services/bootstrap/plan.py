@@ -8,10 +8,12 @@ rewritten. ``plan`` prints this; ``apply`` and the service act on it.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from libs.inventory import HostsFile, HostSpec
+from libs.records import JobRecord
 
 NodeAction = Literal["add", "update", "remove"]
 FileAction = Literal["create", "update", "delete"]
@@ -116,9 +118,7 @@ def as_json(plan: Plan) -> dict[str, Any]:
     }
 
 
-def busy_jobs(job_records: list[dict[str, Any]], node: str) -> list[str]:
+def busy_jobs(job_records: Iterable[JobRecord], node: str) -> list[str]:
     """Jobs the ``jobs`` bucket still shows on ``node`` (running or stopping):
     a node is removed only when this is empty."""
-    return sorted(r.get("id", "?") for r in job_records
-                  if r.get("status") in ("running", "terminating")
-                  and any(s.get("node") == node for s in r.get("slots", [])))
+    return sorted(r.id for r in job_records if r.holds_gpus and node in r.nodes)

@@ -1,6 +1,5 @@
 """Core-NATS request-reply subjects the bootstrap service answers, shared by
-the service and ``primus-safe bootstrap apply``, plus the pure reading of
-its ``nodes`` bucket records.
+the service and ``primus-safe bootstrap apply``.
 
 Why request-reply and not events: only bootstrap may publish ``node.*`` and
 write the ``nodes`` bucket, so the operator's ``apply`` asks it to drain
@@ -12,16 +11,13 @@ every stream.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Literal
 
-from libs.bus import QUERY_SUBJECT
-from libs.inventory import HostSpec
+from pydantic import BaseModel, Field
 
-# {"hosts": <hosts file as JSON>, "remove_with": "kubespray" | null}
-#   -> {"ok", "changes": [{"node", "action", "fields"}]}
-APPLY_SUBJECT = QUERY_SUBJECT.format(name="bootstrap.apply")
-# {"nodes": [...], "reason": str} -> {"ok", "removed": [...], "refused": {node: why}}
-REMOVE_SUBJECT = QUERY_SUBJECT.format(name="bootstrap.remove")
+from libs.inventory import HostsFile
+from libs.records import NodeRecord
+from libs.routes import Endpoint, Reply, query
 
 # How a node leaving the file is finally removed: by bootstrap itself once
 # drained (nothing to undo on the machine), or after Kubespray's
@@ -29,19 +25,37 @@ REMOVE_SUBJECT = QUERY_SUBJECT.format(name="bootstrap.remove")
 REMOVE_BY_KUBESPRAY = "kubespray"
 
 
-def live_specs(records: list[dict[str, Any]]) -> dict[str, HostSpec]:
-    """The node descriptions bootstrap acts on, by name (pure). Records of
-    other writers or older shapes are skipped, never fatal."""
-    out: dict[str, HostSpec] = {}
-    for record in records:
-        try:
-            spec = HostSpec.model_validate(record["spec"])
-        except (KeyError, TypeError, ValueError):
-            continue
-        out[spec.name] = spec
-    return out
+class ApplyRequest(BaseModel):
+    hosts: HostsFile
+    remove_with: Literal["kubespray"] | None = None
 
 
-def drained(record: dict[str, Any] | None) -> bool:
+class NodeChangeOut(BaseModel):
+    node: str
+    action: Literal["add", "update", "remove"]
+    fields: list[str] = Field(default_factory=list)
+
+
+class ApplyReply(Reply):
+    changes: list[NodeChangeOut] = Field(default_factory=list)
+
+
+class RemoveRequest(BaseModel):
+    nodes: list[str]
+    reason: str = ""
+
+
+class RemoveReply(Reply):
+    removed: list[str] = Field(default_factory=list)
+    refused: dict[str, str] = Field(default_factory=dict, description="node -> why not")
+
+
+APPLY = Endpoint(query("bootstrap.apply"), ApplyRequest, ApplyReply,
+                 "take over an edited hosts file: register, change, drain (bootstrap apply)")
+REMOVE = Endpoint(query("bootstrap.remove"), RemoveRequest, RemoveReply,
+                  "Kubespray removed these drained nodes: announce node.removed")
+
+
+def drained(record: NodeRecord | None) -> bool:
     """Whether a node waiting for removal has no job left (or is gone)."""
-    return record is None or (record.get("state") == "draining" and bool(record.get("drained")))
+    return record is None or (record.state == "draining" and record.drained)

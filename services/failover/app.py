@@ -15,19 +15,13 @@ nodes judged are those bootstrap registered (its ``nodes`` bucket and
 from __future__ import annotations
 
 import asyncio
-import json
 import time
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from nats.js.errors import NoKeysError
-from nats.js.kv import KeyValue
-
-from libs.bus import CONTROL, TELEMETRY, Bus
+from libs.bus import Bus
 from libs.events import (
     BenchResult,
-    Event,
     FaultChangedData,
     FaultClosed,
     FaultMitigated,
@@ -47,20 +41,25 @@ from libs.events import (
     NodeStateChanged,
     WorkerExited,
 )
+from libs.kv import Records
 from libs.logs import get_logger
+from libs.records import FAULTS, NODES, FaultRecord
 from libs.settings import Settings
 from libs.specs import load_model
-from services.failover.faults import Decision, FailoverRules, Fault, FaultBook, classify_exit
+from libs.wiring import wire
+from services.failover.faults import (
+    Decision,
+    FailoverRules,
+    Fault,
+    FaultBook,
+    classify_exit,
+    from_record,
+    to_record,
+)
+from services.failover.routes import ROUTES
 from services.failover.rules import HeartbeatMonitor
 
 SOURCE = "failover"
-
-
-async def read_keys(kv: KeyValue) -> list[str]:
-    try:
-        return list(await kv.keys())
-    except NoKeysError:
-        return []
 
 
 def load_rules(path: Path | None) -> FailoverRules:
@@ -69,13 +68,14 @@ def load_rules(path: Path | None) -> FailoverRules:
 
 class Failover:
     name = "failover"
+    routes = ROUTES
 
     def __init__(self, settings: Settings) -> None:
         self.monitor = HeartbeatMonitor(settings.heartbeat_interval_s, settings.heartbeat_missed)
         self.book = FaultBook(load_rules(settings.failover_rules))
         self.placements: dict[str, tuple[int, set[str]]] = {}  # job -> (attempt, nodes)
         self.bus: Bus | None = None
-        self.kv: KeyValue | None = None
+        self.kv: Records[FaultRecord] | None = None
         self._unsent: list[Decision] = []  # made, not yet published and recorded
         self._sending = asyncio.Lock()
         self._task: asyncio.Task[None] | None = None
@@ -87,76 +87,76 @@ class Failover:
         # deadline from now, whatever the replayed beats were stamped with.
         started = time.time()
         self.monitor.blind(started)
-        for node in await read_keys(await bus.kv("nodes")):
+        for node in await (await bus.records(NODES)).keys():
             self.monitor.watch(node, started)
-        self.kv = await bus.kv("faults")
-        try:
-            for key in await self.kv.keys():
-                self.book.faults[key] = Fault(**json.loads((await self.kv.get(key)).value))
-        except NoKeysError:
-            pass
-        bus.consume(
-            durable="failover",
-            subjects=["safe.node.*.heartbeat", "safe.node.*.registered", "safe.node.*.state",
-                      "safe.job.*.placed", "safe.job.*.completed", "safe.job.*.failed",
-                      "safe.job.*.preempted",
-                      "safe.bench.*.result", "safe.worker.*.exited", "safe.lens.alert.>"],
-            stream=CONTROL, handler=self._on_event, batch=256,
-        )
-        # Only to time the first training step after a recovery.
-        bus.consume(durable="failover-steps", subjects=["safe.telemetry.job.>"], stream=TELEMETRY,
-                    batch_handler=self._on_steps, batch=1024)
+        self.kv = await bus.records(FAULTS)
+        for key, record in (await self.kv.load()).items():
+            self.book.faults[key] = from_record(record)
+        await wire(bus, ROUTES, self)
         self._task = asyncio.create_task(self._watch())
 
     def _jobs_on(self, node: str) -> list[str]:
         return sorted(j for j, (_, nodes) in self.placements.items() if node in nodes)
 
-    async def _on_event(self, event: Event) -> None:
-        now = time.time()
-        decisions: list[Decision] = []
-        if isinstance(event, NodeHeartbeat):
-            if self.monitor.beat(event.node, now):
-                decisions = self.book.observe("heartbeat_missed", event.node, bad=False, now=now)
-        elif isinstance(event, NodeRegistered):
-            # Timed from when failover heard of it, whatever it was stamped.
-            self.monitor.watch(event.node, now)
-        elif isinstance(event, NodeStateChanged):
-            decisions = self.book.node_state(event.node, event.data.state, now)
-        elif isinstance(event, JobPlaced):
-            self.placements[event.job] = (event.data.attempt,
-                                          {w.node for w in event.data.workers})
-            self.book.job_placed(event.job, event.data.attempt, now)
-        elif isinstance(event, JobCompleted | JobFailed | JobPreempted):
-            # The run ended (a preempted job is placed again later, afresh).
-            self.placements.pop(event.job, None)
-            decisions = self.book.job_ended(event.job, now)
-        elif isinstance(event, BenchResult):
-            decisions = self.book.observe("bench_failed", event.node, bad=not event.data.passed,
-                                          now=now, reason=event.data.reason,
-                                          jobs=self._jobs_on(event.node))
-        elif isinstance(event, WorkerExited):
-            kind = classify_exit(event.data.exit_code, self.book.rules.infra_exit_codes)
-            if kind != "user":
-                decisions = self.book.observe(
-                    "worker_infra_exit", event.node, bad=kind == "infra", now=now,
-                    reason=f"{event.job} rank {event.data.rank} exited {event.data.exit_code}",
-                    jobs=self._jobs_on(event.node))
-        elif isinstance(event, LensAlert):
-            key = event.job or event.node
-            if key:
-                decisions = self.book.observe(
-                    f"alert:{event.data.rule}", key, bad=event.data.state == "open", now=now,
-                    reason=event.data.message or event.data.rule,
-                    jobs=[event.job] if event.job else self._jobs_on(key),
-                    # A sender's clock ahead of ours must not date detection in the future.
-                    last_good=min(event.data.opened_at.timestamp(), now))
-        await self._act(decisions)
+    # ------------------------------------------------------------------ fault sources
 
-    async def _on_steps(self, batch: list[tuple[Event, int]]) -> None:
+    # Every handler ends in ``_act``, with or without decisions: what an
+    # outage kept from going out goes first.
+
+    async def on_heartbeat(self, event: NodeHeartbeat) -> None:
+        now = time.time()
+        back = self.monitor.beat(event.node, now)
+        await self._act(self.book.observe("heartbeat_missed", event.node, bad=False, now=now)
+                        if back else [])
+
+    async def on_node_registered(self, event: NodeRegistered) -> None:
+        # Timed from when failover heard of it, whatever it was stamped.
+        self.monitor.watch(event.node, time.time())
+        await self._act([])
+
+    async def on_node_state(self, event: NodeStateChanged) -> None:
+        await self._act(self.book.node_state(event.node, event.data.state, time.time()))
+
+    async def on_job_placed(self, event: JobPlaced) -> None:
+        self.placements[event.job] = (event.data.attempt, {w.node for w in event.data.workers})
+        self.book.job_placed(event.job, event.data.attempt, time.time())
+        await self._act([])
+
+    async def on_job_ended(self, event: JobCompleted | JobFailed | JobPreempted) -> None:
+        """The run ended (a preempted job is placed again later, afresh)."""
+        self.placements.pop(event.job, None)
+        await self._act(self.book.job_ended(event.job, time.time()))
+
+    async def on_bench_result(self, event: BenchResult) -> None:
+        await self._act(self.book.observe(
+            "bench_failed", event.node, bad=not event.data.passed, now=time.time(),
+            reason=event.data.reason, jobs=self._jobs_on(event.node)))
+
+    async def on_worker_exited(self, event: WorkerExited) -> None:
+        kind = classify_exit(event.data.exit_code, self.book.rules.infra_exit_codes)
+        await self._act([] if kind == "user" else self.book.observe(
+            "worker_infra_exit", event.node, bad=kind == "infra", now=time.time(),
+            reason=f"{event.job} rank {event.data.rank} exited {event.data.exit_code}",
+            jobs=self._jobs_on(event.node)))
+
+    async def on_lens_alert(self, event: LensAlert) -> None:
+        key = event.job or event.node
+        if not key:
+            await self._act([])
+            return
+        now = time.time()
+        await self._act(self.book.observe(
+            f"alert:{event.data.rule}", key, bad=event.data.state == "open", now=now,
+            reason=event.data.message or event.data.rule,
+            jobs=[event.job] if event.job else self._jobs_on(key),
+            # A sender's clock ahead of ours must not date detection in the future.
+            last_good=min(event.data.opened_at.timestamp(), now)))
+
+    async def on_job_steps(self, batch: list[tuple[JobTelemetry, int]]) -> None:
         now = time.time()
         decisions = []
         for event, _ in batch:
-            if isinstance(event, JobTelemetry) and event.job and event.data.checkpoint_path is None:
+            if event.data.checkpoint_path is None:
                 decisions += self.book.job_stepped(event.job, event.data.attempt, now)
         await self._act(decisions)
 
@@ -168,7 +168,7 @@ class Failover:
             if not self.bus.nc.is_connected:
                 # Our own bus is down: every node falls silent at once, and
                 # that says nothing about them (a NATS restart would
-                # otherwise cordon the whole fleet).
+                # otherwise quarantine the whole fleet).
                 self.monitor.blind(time.time())
                 continue
             try:
@@ -212,7 +212,7 @@ class Failover:
             await self.bus.publish(FaultOpened(
                 id=f.fault_id, source=SOURCE, node=node, data=FaultOpenedData(
                     fault_id=f.fault_id, kind=f.kind, reason=f.reason, jobs=f.jobs,
-                    scope=f.scope, cordon=f.scope == "node" and f.failover)))
+                    scope=f.scope, quarantine=f.scope == "node" and f.failover)))
             self._log.warning("fault opened", fault=f.fault_id, key=node, kind=f.kind,
                               jobs=f.jobs)
         elif d.action == "restart_job":
@@ -233,8 +233,10 @@ class Failover:
         await self._record(f)
 
     async def _record(self, fault: Fault) -> None:
+        """Failover's fault book is the truth: its record stands over one
+        written meanwhile (another failover during a rolling restart), logged."""
         assert self.kv is not None
-        await self.kv.put(fault.fault_id, json.dumps(asdict(fault)).encode())
+        await self.kv.put(fault.fault_id, to_record(fault), on_conflict=lambda _: None)
 
     async def stop(self) -> None:
         if self._task is not None:

@@ -9,17 +9,18 @@ checkpoint), and whether failover acts at all. ``FaultBook`` turns facts
 into decisions and keeps each fault's life: opened -> mitigated (the node is
 out of service, or the job was told to restart) -> closed (the node passed
 bench again, or the job runs again), with the times that make up a
-recovery: detection, cordon, re-placement and first training step.
+recovery: detection, mitigation, re-placement and first training step.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Literal
 
 from pydantic import Field
 
 from libs.events import Frozen
+from libs.records import FaultRecord
 
 Scope = Literal["node", "job"]
 Status = Literal["opened", "mitigated", "closed"]
@@ -85,17 +86,27 @@ class Fault:
     first_step_at: dict[str, float] = field(default_factory=dict)  # job -> first new step
 
     def timings(self) -> dict[str, float | None]:
-        """Seconds from the last healthy sign: detection, cordon, re-placement, first step."""
+        """Seconds from the last healthy sign: detection, mitigation (the node
+        quarantined, or the job told to restart), re-placement, first step."""
         def since(t: float | None) -> float | None:
             return None if t is None else round(t - self.last_good, 3)
 
         return {
             "detection_s": since(self.opened_at),
-            "cordon_s": since(self.mitigated_at),
+            "mitigation_s": since(self.mitigated_at),
             "replacement_s": since(min(self.replaced_at.values(), default=None)),
             "first_step_s": since(max(self.first_step_at.values(), default=None)
                                   if len(self.first_step_at) == len(self.jobs) else None),
         }
+
+
+def to_record(fault: Fault) -> FaultRecord:
+    """The fault as the ``faults`` bucket keeps it, with its timings."""
+    return FaultRecord(**asdict(fault), timings=fault.timings())
+
+
+def from_record(record: FaultRecord) -> Fault:
+    return Fault(**record.model_dump(exclude={"version", "timings"}))
 
 
 @dataclass(frozen=True)

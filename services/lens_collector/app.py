@@ -17,20 +17,17 @@ import asyncio
 import contextlib
 import gc
 import hashlib
-import os
 import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from typing import Any
 
 from clickhouse_connect.driver.client import Client
 from nats.aio.msg import Msg
 from pydantic import ValidationError
 
-from libs.bus import CONTROL, TELEMETRY, Bus
+from libs.bus import Bus
 from libs.events import (
-    SUBJECT_ROOT,
     Event,
     JobCompleted,
     JobFailed,
@@ -43,6 +40,7 @@ from libs.logs import get_logger
 from libs.settings import Settings
 from libs.specs import load_model
 from libs.store import migrate, open_store
+from libs.wiring import wire
 from services.lens_collector.alerting import AlertLoop
 from services.lens_collector.alerts import AlertConfig, AlertEngine
 from services.lens_collector.ingest import (
@@ -53,17 +51,16 @@ from services.lens_collector.ingest import (
     route_of,
     store,
 )
+from services.lens_collector.protocol import LensQuery, LensRows
 from services.lens_collector.queries import QueryError, resolve
+from services.lens_collector.routes import ALERTS_ROLE, ROUTES
 from services.lens_collector.rows import COLUMNS, EVENT_ID_COLUMN, rows_for
 from services.lens_collector.schema import MIGRATIONS
-
-QUERY_SUBJECT = f"{SUBJECT_ROOT}.lens.query"
-ALERTS_FILE_ENV = "PRIMUS_LENS_ALERTS_FILE"
-ALERTS_ROLE = "lens-alerts"  # the replica that evaluates the alert rules (libs.leader)
 
 
 class LensCollector:
     name = "lens-collector"
+    routes = ROUTES
 
     def __init__(self, settings: Settings, *, alerts: AlertConfig | None = None,
                  evaluate_alerts: bool = True, alert_interval_s: float = 5.0,
@@ -83,8 +80,8 @@ class LensCollector:
         self.alerts: AlertLoop | None = None
         self.election: LeaderElection | None = None
         if evaluate_alerts:
-            path = os.environ.get(ALERTS_FILE_ENV)
-            config = alerts or (load_model(Path(path), AlertConfig) if path else AlertConfig())
+            path = settings.lens_alerts_file
+            config = alerts or (load_model(path, AlertConfig) if path else AlertConfig())
             self._alert_config = config
         self._evaluate = evaluate_alerts
         self._alert_interval_s = alert_interval_s
@@ -100,12 +97,8 @@ class LensCollector:
         self.client = await self._store(open_store, self.settings.store_dsn)
         applied = await self._store(migrate, self.client, self.db, MIGRATIONS)
         self._log.info("store ready", dsn=self.settings.store_dsn.split("@")[-1], applied=applied)
-        bus.consume(durable="lens-events", subjects=list(CONTROL.subjects), stream=CONTROL,
-                    batch_handler=self._write_events, batch=256, ack_wait_s=60)
-        bus.consume_raw(durable="lens-telemetry", subjects=list(TELEMETRY.subjects),
-                        stream=TELEMETRY, handler=self._write_telemetry, batch=self.batch,
-                        fill_s=self.fill_s, ack_wait_s=self.ack_wait_s, inflight=2)
-        await bus.serve(QUERY_SUBJECT, self._query, queue="lens")
+        await wire(bus, ROUTES, self, tune={"lens-telemetry": {
+            "batch": self.batch, "fill_s": self.fill_s, "ack_wait_s": self.ack_wait_s}})
         if self._evaluate:
             self.alerts = AlertLoop(AlertEngine(self._alert_config), query=self._sql,
                                     publish=bus.publish, source=self.name,
@@ -118,7 +111,8 @@ class LensCollector:
 
     # ------------------------------------------------------------------ writing
 
-    async def _write_events(self, batch: list[tuple[Event, int]]) -> None:
+    async def on_events(self, batch: list[tuple[Event, int]]) -> None:
+        """Every control event, into the history table (one insert per batch)."""
         await self._store(self._insert_rows, rows_for(batch))
         if self.alerts is not None:
             for event, _ in batch:
@@ -136,7 +130,8 @@ class LensCollector:
                                settings={"insert_deduplication_token": f"{table}-{token}"})
             self.rows_written[table] += len(rows)
 
-    async def _write_telemetry(self, msgs: list[Msg]) -> list[tuple[Msg, str]]:
+    async def on_telemetry(self, msgs: list[Msg]) -> list[tuple[Msg, str]]:
+        """Telemetry handed to the engine as raw JSON; the refused, with why."""
         groups: dict[Route, list[Item]] = {}
         others: list[Msg] = []
         early: list[tuple[Msg, str]] = []
@@ -194,17 +189,16 @@ class LensCollector:
         text = sql.replace("{db}", self.db)
         return await self._store(lambda: client.query(text, parameters=params).result_rows)
 
-    async def _query(self, request: dict[str, Any]) -> dict[str, Any]:
+    async def on_query(self, request: LensQuery) -> LensRows:
         try:
-            sql, params = resolve(str(request.get("query", "")), request.get("params") or {},
-                                  self.db)
+            sql, params = resolve(request.query, request.params, self.db)
         except QueryError as exc:
-            return {"ok": False, "error": str(exc)}
+            return LensRows(ok=False, error=str(exc))
         assert self.client is not None
         client = self.client
         result = await self._store(lambda: client.query(sql, parameters=params))
-        return {"ok": True, "columns": list(result.column_names),
-                "rows": [list(r) for r in result.result_rows]}
+        return LensRows(columns=list(result.column_names),
+                        rows=[list(r) for r in result.result_rows])
 
     async def stop(self) -> None:
         if self._alert_task is not None:

@@ -31,12 +31,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import time
+from collections.abc import AsyncIterator
 from typing import Any
 
-from nats.js.errors import KeyNotFoundError, NoKeysError, NotFoundError
-from nats.js.kv import KeyValue
+from nats.js.errors import NotFoundError
 
 from libs.bus import CONTROL, Bus
 from libs.drivers.base import ClusterDriver
@@ -54,28 +53,28 @@ from libs.events import (
     JobPreempted,
     JobPreemptedData,
     JobRecover,
-    JobSpec,
     JobSubmitted,
     NodeRegistered,
     NodeStateChanged,
     WorkerExited,
-    WorkerSlot,
 )
+from libs.inventory import HostSpec
+from libs.kv import Records
 from libs.leader import LeaderElection, NotLeader, follow
 from libs.logs import get_logger
+from libs.records import JOBS, NODES, AfterStop, JobRecord, NodeRecord
 from libs.settings import Settings
+from libs.wiring import Wiring, wire
 from services.scheduler import config as scheduler_config
-from services.scheduler.policy import admission, schedule
-from services.scheduler.protocol import ADMISSION_SUBJECT
-from services.scheduler.records import job_from_json, job_to_json, node_from_bootstrap
+from services.scheduler.policy import Slot, admission, schedule
+from services.scheduler.protocol import AdmissionReply, AdmissionRequest
+from services.scheduler.routes import ROUTES
 from services.scheduler.view import (
-    AfterStop,
-    JobRecord,
-    NodeView,
     SchedulerState,
     policy_job,
     policy_nodes,
     retry_backoff_s,
+    worker_slots,
 )
 from services.scheduler.view import snapshot as build_snapshot
 
@@ -89,6 +88,7 @@ BROKEN_GANG_GRACE_S = 3.0
 
 class Scheduler:
     name = "scheduler"
+    routes = ROUTES
 
     def __init__(self, settings: Settings, driver: ClusterDriver | None = None) -> None:
         self.settings = settings
@@ -101,17 +101,16 @@ class Scheduler:
         self._own_driver = driver is None
         self._driver_used = False
         self.bus: Bus | None = None
-        self.kv: KeyValue | None = None
+        self.kv: Records[JobRecord] | None = None
         self.election: LeaderElection | None = None
         self._term: int | None = None  # the term this replica's records belong to
         self._old_terms = 0  # the newest term found in the records at the rebuild
-        self._term_bus: Bus | None = None  # the leader's consumer, dropped on losing the lease
+        self._term_routes: Wiring | None = None  # the leader's routes, dropped with the lease
         self._follow_task: asyncio.Task[None] | None = None
         self._lock = asyncio.Lock()
         self._dirty = asyncio.Event()
         self._tasks: set[asyncio.Task[None]] = set()
         self._cycle_task: asyncio.Task[None] | None = None
-        self._admission_sub: Any = None  # the leader's admission endpoint
         self._fleet_now: admission.Fleet | None = None  # until a node (re)registers
         self._shown: dict[str, tuple[int, str]] = {}
         self.cycles = 0
@@ -123,7 +122,7 @@ class Scheduler:
     async def start(self, bus: Bus) -> None:
         self.bus = bus
         self._log = get_logger()  # bound after run_service configured logging
-        self.kv = await bus.kv("jobs")
+        self.kv = await bus.records(JOBS)
         if self.driver is None:  # now, so that a bad driver setting fails the start
             self.driver = make_driver(self.settings, bus)
         self.election = LeaderElection.for_service(bus, "scheduler", self.settings)
@@ -141,23 +140,11 @@ class Scheduler:
         if self._own_driver and self._driver_used:
             self.driver = make_driver(self.settings, self.bus)
         self._driver_used = True
-        # A consumer of its own, so losing the lease stops it and nothing else;
-        # it counts into the service's stats (health).
-        term_bus = Bus(self.bus.nc, self.bus.service, url=self.bus.url, token=self.bus.token)
-        term_bus.stats = self.bus.stats
-        self._term_bus = term_bus
         await self._rebuild(self.bus)
-        term_bus.consume(
-            durable="scheduler",
-            subjects=["safe.node.*.registered", "safe.node.*.state", "safe.job.*.submitted",
-                      "safe.job.*.recover", "safe.worker.*.exited"],
-            stream=CONTROL,
-            handler=self._on_event,
-        )
+        # The leader's consumer and admission endpoint (it alone has the
+        # registered nodes), stopped with the term and nothing else.
+        self._term_routes = await wire(self.bus, ROUTES, self, leader=True)
         self._cycle_task = asyncio.create_task(self._cycle_loop())
-        # Only the leader answers: it alone has the registered nodes.
-        self._admission_sub = await self.bus.serve(ADMISSION_SUBJECT, self._on_admission,
-                                                   queue="scheduler")
 
     async def _abdicate(self, reason: str) -> None:
         """Lost the lease: stop acting now; a new term starts from the buckets."""
@@ -167,18 +154,14 @@ class Scheduler:
         self.state, self._shown = SchedulerState(), {}
 
     async def _stop_acting(self, *, wait_s: float) -> None:
-        if self._admission_sub is not None:
-            with contextlib.suppress(Exception):
-                await self._admission_sub.unsubscribe()
-            self._admission_sub = None
         if self._cycle_task is not None:
             self._cycle_task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._cycle_task
             self._cycle_task = None
-        if self._term_bus is not None:
-            await self._term_bus.stop_consuming()
-            self._term_bus = None
+        if self._term_routes is not None:
+            await self._term_routes.stop()
+            self._term_routes = None
         for task in list(self._tasks):
             if wait_s > 0:
                 with contextlib.suppress(Exception):
@@ -192,16 +175,9 @@ class Scheduler:
     async def _rebuild(self, bus: Bus) -> None:
         """Records from the KV buckets; workers that outlived the last run."""
         assert self.kv is not None and self.driver is not None
-        nodes = await bus.kv("nodes")
-        for key in await _keys(nodes):
-            node = node_from_bootstrap(json.loads((await nodes.get(key)).value))
-            self.state.nodes[node.name] = node
-        self._old_terms = 0
-        for key in await _keys(self.kv):
-            data = json.loads((await self.kv.get(key)).value or b"{}")
-            self._old_terms = max(self._old_terms, data.pop("leader_term", 0) or 0)
-            job = job_from_json(data)
-            self.state.jobs[job.id] = job
+        self.state.nodes = await (await bus.records(NODES)).load()
+        self.state.jobs = await self.kv.load()
+        self._old_terms = max((job.leader_term for job in self.state.jobs.values()), default=0)
         if self._term is not None and self._old_terms > self._term:
             # Terms are lease revisions: only a deleted leases bucket starts them over.
             self._log.error("job records carry newer terms than ours; was the leases "
@@ -230,49 +206,60 @@ class Scheduler:
 
     # ------------------------------------------------------------------ events
 
-    async def _on_event(self, event: Event) -> None:
-        self._fence()  # a deposed leader's last batch goes back for the new leader
+    @contextlib.asynccontextmanager
+    async def _handling(self) -> AsyncIterator[None]:
+        """Every event is handled by the leader of the term it rebuilt in (a
+        deposed leader's last batch goes back for the new one), one at a
+        time with the cycle, and wakes the cycle."""
+        self._fence()
         async with self._lock:
-            await self._apply(event)
+            yield
         self._dirty.set()
 
-    async def _apply(self, event: Event) -> None:
-        if isinstance(event, NodeRegistered):
-            d = event.data
+    async def on_node_registered(self, event: NodeRegistered) -> None:
+        async with self._handling():
             self._fleet_now = None  # GPUs, model, pool or rack may have changed
             old = self.state.nodes.get(event.node)
-            self.state.nodes[event.node] = NodeView(
-                name=event.node, gpus=d.gpu_count, gpu_model=d.gpu_model, ip=d.ip,
-                rack=d.labels.get("rack", ""), switch=d.labels.get("switch", ""),
-                pool=d.labels.get("pool", "default"), state=old.state if old else "registered")
-        elif isinstance(event, NodeStateChanged):
+            self.state.nodes[event.node] = NodeRecord(
+                spec=HostSpec.of(event.node, event.data), registration=event.id,
+                state=old.state if old else "registered")
+
+    async def on_node_state(self, event: NodeStateChanged) -> None:
+        async with self._handling():
             node = self.state.nodes.get(event.node)
             if node is not None:
                 node.state = event.data.state
                 if node.state != "ready":
                     await self._evacuate(event.node, event.data.reason)
-        elif isinstance(event, JobSubmitted):
-            if event.job not in self.state.jobs:  # idempotent on redelivery
-                job = JobRecord(id=event.job, spec=event.data.spec,
-                                submitted_at=event.time.timestamp())
-                self.state.jobs[job.id] = job
-                verdict = self._admit(job)
-                if verdict.verdict == "refused":
-                    await self._refuse(job, verdict.reason)
-                else:
-                    await self._save(job)
-        elif isinstance(event, WorkerExited):
+
+    async def on_job_submitted(self, event: JobSubmitted) -> None:
+        async with self._handling():
+            if event.job in self.state.jobs:  # idempotent on redelivery
+                return
+            job = JobRecord(id=event.job, spec=event.data.spec,
+                            submitted_at=event.time.timestamp())
+            self.state.jobs[job.id] = job
+            verdict = self._admit(job)
+            if verdict.verdict == "refused":
+                await self._refuse(job, verdict.reason)
+            else:
+                await self._save(job)
+
+    async def on_worker_exited(self, event: WorkerExited) -> None:
+        async with self._handling():
             await self._on_exit(event)
-        elif isinstance(event, JobRecover):
+
+    async def on_job_recover(self, event: JobRecover) -> None:
+        async with self._handling():
             job = self.state.jobs.get(event.job)
-            if job is not None and job.status == "running":
-                job.retries += 1
-                job.recovering = True
-                job.exclude_nodes = sorted({*job.exclude_nodes, *event.data.exclude_nodes})
-                job.prefer_nodes = sorted({s.node for s in job.slots} - set(job.exclude_nodes))
-                after: AfterStop = "fail" if job.retries > job.spec.max_retry else "requeue"
-                await self._stop_gang(job, after, f"failover: {event.data.reason}",
-                                      backoff=False)
+            if job is None or job.status != "running":
+                return
+            job.retries += 1
+            job.recovering = True
+            job.exclude_nodes = sorted({*job.exclude_nodes, *event.data.exclude_nodes})
+            job.prefer_nodes = sorted({s.node for s in job.slots} - set(job.exclude_nodes))
+            after: AfterStop = "fail" if job.retries > job.spec.max_retry else "requeue"
+            await self._stop_gang(job, after, f"failover: {event.data.reason}", backoff=False)
 
     async def _on_exit(self, event: WorkerExited) -> None:
         job = self.state.jobs.get(event.job)
@@ -387,13 +374,13 @@ class Scheduler:
         return admission.admit(policy_job(job), workspaces, self._fleet(),
                                self.config.priorities)
 
-    async def _on_admission(self, request: dict[str, Any]) -> dict[str, Any]:
+    async def on_admission(self, request: AdmissionRequest) -> AdmissionReply:
         """``primus-safe submit`` asks before it publishes: can this job run?"""
         self._fence()  # a deposed leader does not answer for the cluster
-        spec = JobSpec.model_validate(request.get("spec"))
-        verdict = self._admit(JobRecord(id="(submit)", spec=spec, submitted_at=time.time()))
-        return {"ok": True, "verdict": verdict.verdict, "reason": verdict.reason,
-                "field": verdict.field}
+        verdict = self._admit(JobRecord(id="(submit)", spec=request.spec,
+                                        submitted_at=time.time()))
+        return AdmissionReply(verdict=verdict.verdict, reason=verdict.reason,
+                              field=verdict.field)
 
     async def _refuse(self, job: JobRecord, reason: str) -> None:
         """A job that can never run ends now, failed, with the reason; the
@@ -472,11 +459,11 @@ class Scheduler:
                            preempted=len(result.preemptions), pending=len(result.pending),
                            ms=self.last_cycle_ms)
 
-    async def _place(self, job: JobRecord, slots: tuple[tuple[str, int], ...], now: float) -> None:
+    async def _place(self, job: JobRecord, slots: tuple[Slot, ...], now: float) -> None:
         assert self.driver is not None
         job.attempt += 1
         job.status, job.started_at, job.exits = "running", now, {}
-        job.slots = [WorkerSlot(rank=i, node=n, gpus=g) for i, (n, g) in enumerate(slots)]
+        job.slots = worker_slots(slots)
         job.recovering = job.preempted = False
         job.exclude_nodes, job.prefer_nodes = [], []
         job.reason = job.code = ""
@@ -550,19 +537,20 @@ class Scheduler:
         await self.bus.publish(event)
 
     async def _save(self, job: JobRecord) -> None:
+        """Write the record at the revision this leader last saw; if someone
+        wrote it since, a newer leader has been here and we are stale."""
         assert self.kv is not None and self.election is not None
         term = self._fence()
-        value = json.dumps({**job_to_json(job), "leader_term": term}).encode()
-        try:
-            entry = await self.kv.get(job.id)
-        except KeyNotFoundError:
-            await self.kv.create(job.id, value)
-            return
-        written_by = json.loads(entry.value or b"{}").get("leader_term") or 0
-        if written_by > max(term, self._old_terms):  # a newer leader has been here: we are stale
-            await self.election.resign(f"job {job.id} was written by term {written_by}")
-            raise NotLeader(f"job {job.id} belongs to term {written_by}, not {term}")
-        await self.kv.update(job.id, value, last=entry.revision)
+        job.leader_term, job.updated_at = term, time.time()
+
+        async def newer_term(current: JobRecord | None) -> None:
+            written_by = current.leader_term if current is not None else 0
+            if written_by > max(term, self._old_terms):
+                assert self.election is not None
+                await self.election.resign(f"job {job.id} was written by term {written_by}")
+                raise NotLeader(f"job {job.id} belongs to term {written_by}, not {term}")
+
+        await self.kv.put(job.id, job, on_conflict=newer_term)
 
     async def stop(self) -> None:
         if self._follow_task is not None:
@@ -600,10 +588,3 @@ def make_driver(settings: Settings, bus: Bus) -> ClusterDriver:
         return KubernetesDriver(config, bus.publish, nats_url=settings.nats_url)
     return LocalDriver(settings.state_dir, bus.publish, nats_url=settings.nats_url,
                        nats_token=settings.nats_token)
-
-
-async def _keys(kv: KeyValue) -> list[str]:
-    try:
-        return await kv.keys()
-    except NoKeysError:
-        return []

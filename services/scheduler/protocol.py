@@ -1,4 +1,4 @@
-"""The request-reply subject the scheduler leader answers, shared by the
+"""The request/reply endpoint the scheduler leader answers, shared by the
 service and ``primus-safe submit``.
 
 Why request-reply before the event: a job that can never run must be
@@ -10,8 +10,23 @@ when it reads ``job.submitted`` (events may come from elsewhere).
 
 from __future__ import annotations
 
-from libs.bus import QUERY_SUBJECT
+from typing import Literal
 
-# {"spec": <JobSpec as JSON>}
-#   -> {"ok": true, "verdict": "ok" | "refused" | "unschedulable", "reason", "field"}
-ADMISSION_SUBJECT = QUERY_SUBJECT.format(name="scheduler.admission")
+from pydantic import BaseModel
+
+from libs.events import JobSpec
+from libs.routes import Endpoint, Reply, query
+
+
+class AdmissionRequest(BaseModel):
+    spec: JobSpec
+
+
+class AdmissionReply(Reply):
+    verdict: Literal["ok", "refused", "unschedulable"]
+    reason: str = ""
+    field: str | None = None  # the job file's field that makes it unrunnable
+
+
+ADMISSION = Endpoint(query("scheduler.admission"), AdmissionRequest, AdmissionReply,
+                     "can this job ever run on the registered nodes? (asked before submit)")

@@ -2,71 +2,26 @@
 snapshot (pure: no I/O, the clock is passed in).
 
 ``SchedulerState`` is the shell's memory: nodes as bootstrap described them
-and jobs with their lifecycle. Each cycle ``snapshot`` turns it into the
-frozen ``policy.Snapshot``; jobs the policy should not see yet (retry
-back-off, unknown workspace) are answered here with their own reason.
+and jobs with their lifecycle, both as the shared records of
+``libs.records``. Each cycle ``snapshot`` turns it into the frozen
+``policy.Snapshot``; jobs the policy should not see yet (retry back-off,
+unknown workspace) are answered here with their own reason.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
 
-from libs.events import JobSpec, WorkerSlot
+from libs.events import WorkerSlot
+from libs.records import JobRecord, NodeRecord
 from services.scheduler import policy
 
-JobStatus = Literal["pending", "running", "terminating", "completed", "failed"]
-# After a gang is stopped, what becomes of the job once every rank has exited.
-AfterStop = Literal["requeue", "fail", "preempted"]
-
-_NODE_STATE: dict[str, policy.NodeState] = {
-    "ready": "ready", "cordoned": "cordoned", "quarantined": "faulted",
-}
-
-
-@dataclass
-class NodeView:
-    name: str
-    gpus: int
-    gpu_model: str
-    ip: str
-    rack: str = ""
-    switch: str = ""
-    pool: str = "default"
-    state: str = "registered"
-
-
-@dataclass
-class JobRecord:
-    id: str
-    spec: JobSpec
-    submitted_at: float
-    status: JobStatus = "pending"
-    attempt: int = 0  # placements so far
-    retries: int = 0  # failed attempts so far (preemptions do not count)
-    slots: list[WorkerSlot] = field(default_factory=list)
-    exits: dict[int, int] = field(default_factory=dict)
-    started_at: float | None = None
-    not_before: float = 0.0  # retry back-off
-    recovering: bool = False
-    preempted: bool = False
-    exclude_nodes: list[str] = field(default_factory=list)
-    prefer_nodes: list[str] = field(default_factory=list)
-    last_nodes: list[str] = field(default_factory=list)  # where the last attempt ran
-    after_stop: AfterStop | None = None
-    stop_requested_at: float | None = None
-    reason: str = ""
-    code: str = ""
-    position: int = 0
-
-    @property
-    def holds_gpus(self) -> bool:
-        return self.status in ("running", "terminating")
+_NODE_STATE: dict[str, policy.NodeState] = {"ready": "ready", "quarantined": "quarantined"}
 
 
 @dataclass
 class SchedulerState:
-    nodes: dict[str, NodeView] = field(default_factory=dict)
+    nodes: dict[str, NodeRecord] = field(default_factory=dict)
     jobs: dict[str, JobRecord] = field(default_factory=dict)
     reservations: dict[str, tuple[str, ...]] = field(default_factory=dict)
 
@@ -78,6 +33,7 @@ def retry_backoff_s(retries: int) -> float:
 
 
 def policy_job(job: JobRecord) -> policy.Job:
+    """The one place a job record becomes the placement core's job."""
     s = job.spec
     return policy.Job(
         id=job.id, workspace=s.workspace, workers=s.workers, gpus_per_worker=s.gpus_per_worker,
@@ -91,11 +47,22 @@ def policy_job(job: JobRecord) -> policy.Job:
     )
 
 
+def policy_slots(slots: list[WorkerSlot]) -> tuple[policy.Slot, ...]:
+    """A gang's slots in the placement core's terms, rank order kept."""
+    return tuple((s.node, s.gpus) for s in sorted(slots, key=lambda s: s.rank))
+
+
+def worker_slots(slots: tuple[policy.Slot, ...]) -> list[WorkerSlot]:
+    """A placement's slots as the contract's: rank i is the i-th slot."""
+    return [WorkerSlot(rank=i, node=node, gpus=gpus) for i, (node, gpus) in enumerate(slots)]
+
+
 def policy_nodes(state: SchedulerState) -> list[policy.Node]:
-    """Every registered node, in the policy's terms (only ready ones are used)."""
-    return [policy.Node(name=n.name, gpus=n.gpus, gpu_model=n.gpu_model, rack=n.rack,
-                        switch=n.switch, ip=n.ip, state=_NODE_STATE.get(n.state, "unready"),
-                        pool=n.pool)
+    """Every registered node, in the policy's terms (only ready ones are used):
+    the one place a node record becomes the placement core's node."""
+    return [policy.Node(name=n.name, gpus=n.spec.gpu_count, gpu_model=n.spec.gpu_model,
+                        rack=n.spec.rack, switch=n.spec.switch, ip=n.spec.ip,
+                        state=_NODE_STATE.get(n.state, "unready"), pool=n.spec.pool)
             for n in state.nodes.values()]
 
 
@@ -109,7 +76,7 @@ def snapshot(state: SchedulerState, workspaces: list[policy.Workspace], now: flo
     for job in state.jobs.values():
         if job.holds_gpus:
             running.append(policy.Allocation(
-                job=policy_job(job), slots=tuple((s.node, s.gpus) for s in job.slots),
+                job=policy_job(job), slots=policy_slots(job.slots),
                 terminating=job.status == "terminating"))
         elif job.status == "pending":
             if job.spec.workspace not in known:

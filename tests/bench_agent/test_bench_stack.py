@@ -23,7 +23,7 @@ import pytest
 
 from libs.bus import Bus
 from libs.events import BenchResult, parse_event
-from services.bench.protocol import SEARCH_SUBJECT, SWEEP_SUBJECT
+from services.bench.protocol import SEARCH, SWEEP
 from tests.bench_agent.stack import Stack
 from tests.helpers import wait_healthy
 
@@ -80,7 +80,7 @@ async def test_standard_verdicts_sweep_pairing_and_split_search(
         assert all(r["unit"] and r["level"] for r in report)
 
         # A sweep: the nodes take turns sample by sample and are judged together.
-        swept = await bus.request(SWEEP_SUBJECT, {"nodes": nodes, "level": "standard",
+        swept = await bus.request(SWEEP.subject, {"nodes": nodes, "level": "standard",
                                                   "turns": True}, timeout_s=300)
         assert swept["ok"] and set(swept["verdicts"]) == set(nodes) and swept["missing"] == []
         assert {v["outcome"] for v in swept["verdicts"].values()} == {"healthy"}
@@ -97,7 +97,7 @@ async def test_standard_verdicts_sweep_pairing_and_split_search(
         # n5 dies: a collective over n2..n5 fails; the search finds n5.
         stack.procs["n5"].send_signal(signal.SIGKILL)
         stack.procs.pop("n5").wait()
-        found = await bus.request(SEARCH_SUBJECT, {"nodes": ["n2", "n3", "n4", "n5"],
+        found = await bus.request(SEARCH.subject, {"nodes": ["n2", "n3", "n4", "n5"],
                                                    "healthy": ["n1"]}, timeout_s=400)
         assert found["ok"] and found["bad"] == ["n5"], found
         assert found["rounds"] == 2 and set(found["cleared"]) == {"n2", "n3", "n4"}

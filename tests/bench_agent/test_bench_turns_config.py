@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from libs.settings import Settings
 from services.bench.config import BenchConfig, ConfigFile
 from services.bench.measure import percentile, time_kernel
 from services.bench.turns import TurnRing
@@ -74,7 +75,7 @@ def test_config_from_the_environment_and_defaults(tmp_path: Path,
     path = tmp_path / "b.yaml"
     path.write_text("floors:\n  MI300X: {gemm_bf16_8192_tflops: 500}\n")
     monkeypatch.setenv("PRIMUS_BENCH_CONFIG", str(path))
-    config = ConfigFile().current
+    config = ConfigFile(Settings().bench_config).current  # as the agent and coordinator do
     assert config.floors_for("AMD Instinct MI300X") == {"gemm_bf16_8192_tflops": 500}
     assert config.floors_for("cpu") == {}
 

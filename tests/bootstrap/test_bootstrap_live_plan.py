@@ -16,7 +16,7 @@ from libs.bus import Bus
 from libs.inventory import HostsFile
 from libs.settings import Settings
 from services.bootstrap.app import Bootstrap
-from services.bootstrap.protocol import APPLY_SUBJECT
+from services.bootstrap.protocol import APPLY
 from services.bootstrap.provision import record_applied, write_files
 from services.bootstrap.render import render
 from tests.bootstrap.kubespray_dir import make_kubespray
@@ -111,7 +111,7 @@ async def test_an_invalid_edit_has_no_effect_at_all(
         record_applied(hosts, out)
         kubespray = make_kubespray(tmp_path / "kubespray", record)
         before = {p: p.read_text() for p in sorted(out.rglob("*")) if p.is_file()}
-        states = {n: r["state"] for n, r in service.nodes.items()}
+        states = {n: r.state for n, r in service.nodes.items()}
         events = await all_events(bus)
 
         path = tmp_path / "hosts.yaml"  # gpu-2 goes (a real change) but cp-1 is a duplicate
@@ -127,14 +127,14 @@ async def test_an_invalid_edit_has_no_effect_at_all(
 
         invalid = yaml.safe_load(path.read_text())
         invalid["nodes"][2]["gpu_model"] = "MI300X"  # left: the duplicate IP only
-        reply = await bus.request(APPLY_SUBJECT, {"hosts": invalid, "remove_with": "kubespray"})
+        reply = await bus.request(APPLY.subject, {"hosts": invalid, "remove_with": "kubespray"})
         assert not reply["ok"] and "duplicate node ip '10.0.0.1'" in reply["error"]
 
         await asyncio.sleep(1)  # anything started would have shown by now
         assert not list(record.glob("*.json")), "no playbook may run"
         assert await all_events(bus) == events, "no event may be published"
         assert {p: p.read_text() for p in sorted(out.rglob("*")) if p.is_file()} == before
-        assert {n: r["state"] for n, r in service.nodes.items()} == states
+        assert {n: r.state for n, r in service.nodes.items()} == states
         assert "gpu-2" not in service._drains
     finally:
         await service.stop()

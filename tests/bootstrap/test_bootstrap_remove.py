@@ -26,7 +26,7 @@ from libs.inventory import HostsFile
 from libs.settings import Settings
 from services.bootstrap.app import Bootstrap
 from tests.bootstrap.kubespray_dir import clear, make_kubespray, recorded
-from tests.helpers import run_cli
+from tests.helpers import job_record, run_cli
 
 LOCAL = ["-e", f"ansible_python_interpreter={sys.executable}"]
 CP = {"name": "cp-1", "ip": "127.0.0.2", "roles": ["control-plane", "etcd"],
@@ -90,8 +90,7 @@ async def test_removed_node_is_drained_then_removed_by_kubespray_then_announced(
         clear(record)
 
         jobs = await bus.kv("jobs")
-        await jobs.put("j-1", json.dumps({"id": "j-1", "status": "running",
-                                          "slots": [{"node": "gpu-2", "gpu": 8}]}).encode())
+        await jobs.put("j-1", job_record("j-1", "running", "gpu-2"))
         path.write_text(yaml.safe_dump(lab(worker("gpu-1", "127.0.0.11"),
                                            worker("gpu-3", "127.0.0.13"))))
         plan = await asyncio.to_thread(run_cli, "bootstrap", "plan", str(path), "--out",
@@ -104,13 +103,12 @@ async def test_removed_node_is_drained_then_removed_by_kubespray_then_announced(
         assert result.returncode == 1 and "not drained after 2s (gpu-2: j-1)" in result.stderr
         assert "draining gpu-2: waiting for j-1 to move away" in result.stdout
         assert not list(record.glob("*.json")), "no playbook may run before the drain"
-        assert service.nodes["gpu-2"]["state"] == "draining"
+        assert service.nodes["gpu-2"].state == "draining"
 
         async def move_the_job_away() -> None:
             await asyncio.sleep(3)  # the CLI is waiting meanwhile
             assert not recorded(record, "remove-node")
-            await jobs.put("j-1", json.dumps({"id": "j-1", "status": "completed",
-                                              "slots": []}).encode())
+            await jobs.put("j-1", job_record("j-1", "completed"))
         mover = asyncio.create_task(move_the_job_away())
         result = await apply()
         await mover
@@ -151,7 +149,8 @@ async def test_removed_node_is_drained_then_removed_by_kubespray_then_announced(
 
 
 async def _state_is(service: Bootstrap, node: str, state: str) -> bool:
-    return service.nodes.get(node, {}).get("state") == state
+    record = service.nodes.get(node)
+    return record is not None and record.state == state
 
 
 @pytest.mark.timeout(400)

@@ -12,7 +12,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from libs.events import JobSpec, WorkerSlot
 from libs.inventory import HostsFile, local_hosts
+from libs.records import JobRecord
 from services.bootstrap.plan import busy_jobs, describe, make_plan
 from services.bootstrap.render import ADDONS, render
 from tests.helpers import ROOT, run_cli
@@ -83,10 +85,14 @@ def test_reapplying_an_edited_file_plans_only_the_differences() -> None:
 
 
 def test_busy_jobs_sees_only_running_jobs_on_the_node() -> None:
-    jobs = [{"id": "j1", "status": "running", "slots": [{"node": "a"}, {"node": "b"}]},
-            {"id": "j2", "status": "completed", "slots": [{"node": "a"}]},
-            {"id": "j3", "status": "terminating", "slots": [{"node": "a"}]},
-            {"id": "j4", "status": "pending", "slots": []}]
+    spec = JobSpec(name="j", workers=1, command=["true"])
+
+    def job(id: str, status: str, nodes: list[str]) -> JobRecord:
+        return JobRecord(id=id, spec=spec, submitted_at=0.0, status=status,  # type: ignore[arg-type]
+                         slots=[WorkerSlot(rank=i, node=n, gpus=1) for i, n in enumerate(nodes)])
+
+    jobs = [job("j1", "running", ["a", "b"]), job("j2", "completed", ["a"]),
+            job("j3", "terminating", ["a"]), job("j4", "pending", [])]
     assert busy_jobs(jobs, "a") == ["j1", "j3"] and busy_jobs(jobs, "c") == []
 
 

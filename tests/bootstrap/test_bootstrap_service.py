@@ -17,6 +17,7 @@ from libs.events import NodeProvisioned, NodeProvisionedData, parse_event
 from libs.inventory import HostsFile, HostSpec, local_hosts
 from libs.settings import Settings
 from services.bootstrap.app import Bootstrap
+from tests.helpers import job_record
 
 
 async def events(bus: Bus, subject: str = "safe.node.>") -> list[tuple[str, str, str]]:
@@ -55,9 +56,7 @@ async def test_reapply_emits_only_differences_and_drains_before_removing(
         assert ("node.state", "node-1", "preflight") in before
 
         jobs = await bus.kv("jobs")
-        await jobs.put("j-1", json.dumps({"id": "j-1", "status": "running",
-                                          "slots": [{"rank": 0, "node": "node-3", "gpus": 1}]}
-                                         ).encode())
+        await jobs.put("j-1", job_record("j-1", "running", "node-3"))
         edited = HostsFile(cluster="embedded", nodes=[
             first.nodes[0], first.nodes[1].model_copy(update={"gpu_count": 2})])
         await service.apply(edited)
@@ -69,8 +68,7 @@ async def test_reapply_emits_only_differences_and_drains_before_removing(
         nodes = await bus.kv("nodes")
         assert json.loads((await nodes.get("node-3")).value)["state"] == "draining"  # job runs
 
-        await jobs.put("j-1", json.dumps({"id": "j-1", "status": "pending", "slots": []}
-                                         ).encode())
+        await jobs.put("j-1", job_record("j-1", "pending"))
 
         async def removed() -> bool:
             try:
@@ -97,13 +95,13 @@ async def test_provisioned_nodes_wait_for_kubespray_before_preflight(
     service = Bootstrap(Settings(state_dir=tmp_path), hosts)
     await service.start(bus)
     try:
-        assert service.nodes["cp-1"]["state"] == "provisioning"
+        assert service.nodes["cp-1"].state == "provisioning"
         assert not [e for e in await events(bus, "safe.bench.>")]  # no bench yet
         await bus.publish(NodeProvisioned(source="test", node="cp-1",
                                           data=NodeProvisionedData(ok=False, reason="ssh")))
 
         async def state_is(state: str) -> bool:
-            return service.nodes["cp-1"]["state"] == state
+            return service.nodes["cp-1"].state == state
         await until(lambda: state_is("quarantined"))
         assert not [e for e in await events(bus, "safe.bench.>")]
         await bus.publish(NodeProvisioned(source="test", node="cp-1",
@@ -146,36 +144,35 @@ async def test_kubespray_removal_waits_for_the_drain_and_for_remove_node(
     """Handed a file with remove_with=kubespray, bootstrap drains the node but
     keeps it (still a Kubernetes node) until asked to remove it; it refuses
     while a job still runs there."""
-    from services.bootstrap.protocol import APPLY_SUBJECT, REMOVE_SUBJECT
+    from services.bootstrap.protocol import APPLY, REMOVE
 
     first = local_hosts(2)
     service = Bootstrap(Settings(state_dir=tmp_path), first, drain_poll_s=0.1)
     await service.start(bus)
     try:
         jobs = await bus.kv("jobs")
-        await jobs.put("j-1", json.dumps({"id": "j-1", "status": "running",
-                                          "slots": [{"node": "node-2"}]}).encode())
+        await jobs.put("j-1", job_record("j-1", "running", "node-2"))
         edited = HostsFile(cluster="embedded", nodes=[first.nodes[0]])
-        reply = await bus.request(APPLY_SUBJECT, {"hosts": edited.model_dump(mode="json"),
+        reply = await bus.request(APPLY.subject, {"hosts": edited.model_dump(mode="json"),
                                                   "remove_with": "kubespray"})
-        assert reply == {"ok": True, "changes": [
+        assert reply == {"ok": True, "error": None, "changes": [
             {"node": "node-2", "action": "remove", "fields": []}]}
-        refused = await bus.request(REMOVE_SUBJECT, {"nodes": ["node-2"]})
+        refused = await bus.request(REMOVE.subject, {"nodes": ["node-2"]})
         assert not refused["ok"] and "not drained" in refused["refused"]["node-2"]
 
-        await jobs.put("j-1", json.dumps({"id": "j-1", "status": "completed"}).encode())
+        await jobs.put("j-1", job_record("j-1", "completed"))
 
         async def drained() -> bool:
-            return bool(service.nodes["node-2"].get("drained"))
+            return bool(service.nodes["node-2"].drained)
         await until(drained)
         await asyncio.sleep(0.5)
         assert "node-2" in service.nodes  # drained, not removed: remove-node.yml comes first
         assert ("node.removed", "node-2", "") not in await events(bus)
 
-        reply = await bus.request(REMOVE_SUBJECT, {"nodes": ["node-2"], "reason": "kubespray"})
-        assert reply == {"ok": True, "removed": ["node-2"], "refused": {}}
+        reply = await bus.request(REMOVE.subject, {"nodes": ["node-2"], "reason": "kubespray"})
+        assert reply == {"ok": True, "error": None, "removed": ["node-2"], "refused": {}}
         assert ("node.removed", "node-2", "") in await events(bus)
-        again = await bus.request(REMOVE_SUBJECT, {"nodes": ["node-2"]})
+        again = await bus.request(REMOVE.subject, {"nodes": ["node-2"]})
         assert again["ok"]  # a retried request is fine
     finally:
         await service.stop()
@@ -183,7 +180,7 @@ async def test_kubespray_removal_waits_for_the_drain_and_for_remove_node(
 
 async def test_a_node_never_provisioned_leaves_without_kubespray(
         bus: Bus, tmp_path: Path) -> None:
-    from services.bootstrap.protocol import APPLY_SUBJECT
+    from services.bootstrap.protocol import APPLY
 
     cp = HostSpec(name="cp-1", ip="10.0.0.1", roles=["control-plane", "etcd"],
                   gpu_model="cpu", gpu_count=0)
@@ -193,9 +190,9 @@ async def test_a_node_never_provisioned_leaves_without_kubespray(
                         drain_poll_s=0.1)
     await service.start(bus)
     try:
-        assert service.nodes["w-1"]["state"] == "provisioning"
+        assert service.nodes["w-1"].state == "provisioning"
         edited = HostsFile(cluster="lab", provision=True, nodes=[cp])
-        await bus.request(APPLY_SUBJECT, {"hosts": edited.model_dump(mode="json"),
+        await bus.request(APPLY.subject, {"hosts": edited.model_dump(mode="json"),
                                           "remove_with": "kubespray"})
 
         async def gone() -> bool:
@@ -207,7 +204,7 @@ async def test_a_node_never_provisioned_leaves_without_kubespray(
 
 
 async def test_a_restart_keeps_the_hosts_file_last_handed_over(bus: Bus, tmp_path: Path) -> None:
-    from services.bootstrap.protocol import APPLY_SUBJECT
+    from services.bootstrap.protocol import APPLY
 
     cp = HostSpec(name="cp-1", ip="10.0.0.1", roles=["control-plane", "etcd"],
                   gpu_model="cpu", gpu_count=0)
@@ -218,7 +215,7 @@ async def test_a_restart_keeps_the_hosts_file_last_handed_over(bus: Bus, tmp_pat
     await service.start(bus)
     edited = HostsFile(cluster="lab", provision=True, nodes=[cp, w2])  # w-1 out, w-2 in
     try:
-        reply = await bus.request(APPLY_SUBJECT, {"hosts": edited.model_dump(mode="json"),
+        reply = await bus.request(APPLY.subject, {"hosts": edited.model_dump(mode="json"),
                                                   "remove_with": None})
         assert reply["ok"]
 
@@ -233,7 +230,7 @@ async def test_a_restart_keeps_the_hosts_file_last_handed_over(bus: Bus, tmp_pat
     await again.start(bus)
     try:
         assert again.hosts == edited
-        assert "w-1" not in again.nodes and again.nodes["w-2"]["state"] != "draining"
+        assert "w-1" not in again.nodes and again.nodes["w-2"].state != "draining"
     finally:
         await again.stop()
 

@@ -8,8 +8,9 @@ from typing import Any
 import pytest
 
 from libs.inventory import HostsFile, HostSpec
+from libs.records import NodeRecord
 from services.bootstrap.plan import make_plan
-from services.bootstrap.protocol import drained, live_specs
+from services.bootstrap.protocol import drained
 from services.bootstrap.steps import kubespray_steps, removal_vars
 
 CP = {"name": "cp-1", "ip": "10.0.0.1", "roles": ["control-plane", "etcd"],
@@ -93,8 +94,11 @@ def test_live_nodes_win_over_the_last_applied_file_for_nodes() -> None:
     assert [c.action for c in offline.nodes] == ["update"]
 
 
-def test_bucket_records_are_read_leniently() -> None:
-    good = {"spec": HostSpec.model_validate(worker("gpu-1", "10.0.0.11")).model_dump()}
-    assert list(live_specs([good, {"spec": {"name": "x"}}, {"other": 1}])) == ["gpu-1"]
-    assert drained(None) and drained({"state": "draining", "drained": True})
-    assert not drained({"state": "draining"}) and not drained({"state": "ready", "drained": True})
+def test_a_node_is_drained_once_bootstrap_says_so_or_it_is_gone() -> None:
+    spec = HostSpec.model_validate(worker("gpu-1", "10.0.0.11"))
+
+    def record(state: str, done: bool) -> NodeRecord:
+        return NodeRecord(spec=spec, state=state, drained=done)  # type: ignore[arg-type]
+
+    assert drained(None) and drained(record("draining", True))
+    assert not drained(record("draining", False)) and not drained(record("ready", True))

@@ -17,8 +17,8 @@ from typing import Any
 
 from libs.events import Event, JobPlaced, WorkerExited, WorkerStarted
 
-# Node states that take a node out of service after a fault (cordoned).
-CORDONED = ("quarantined", "repair")
+# Node states that take a node out of service after a fault (quarantined).
+QUARANTINED = ("quarantined", "repair")
 
 
 def history_violations(published: list[str], stored: Mapping[str, int],
@@ -89,7 +89,7 @@ def process_violations(markers: Iterable[tuple[str, int, int, str, int]]) -> lis
             for (j, a, r), p in sorted(runs.items()) if len(p) > 1]
 
 
-def cordon_violations(nodes: Mapping[str, Mapping[str, Any]],
+def quarantine_violations(nodes: Mapping[str, Mapping[str, Any]],
                       faults: Iterable[Mapping[str, Any]],
                       killed: Iterable[str] = ()) -> list[str]:
     """No node is out of service without an open fault for it (a closed one
@@ -97,11 +97,11 @@ def cordon_violations(nodes: Mapping[str, Mapping[str, Any]],
     out of service with an open fault."""
     open_for = {f["key"] for f in faults if f["scope"] == "node" and f["status"] != "closed"}
     out = [f"{name} is {n['state']} without an open fault"
-           for name, n in sorted(nodes.items()) if n["state"] in CORDONED
+           for name, n in sorted(nodes.items()) if n["state"] in QUARANTINED
            and name not in open_for]
     for name in sorted(set(killed)):
         state = nodes.get(name, {}).get("state")
-        if state not in CORDONED or name not in open_for:
+        if state not in QUARANTINED or name not in open_for:
             out.append(f"{name} was killed but is {state} with "
                        f"{'an' if name in open_for else 'no'} open fault")
     return out

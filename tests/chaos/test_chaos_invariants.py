@@ -14,10 +14,10 @@ from libs.events import (
 )
 from tests.chaos.invariants import (
     AttemptStart,
-    cordon_violations,
     history_violations,
     placement_violations,
     process_violations,
+    quarantine_violations,
     resume_violations,
 )
 from tests.chaos.schedule import KINDS, plan_kills
@@ -76,14 +76,14 @@ def test_processes_one_per_rank_and_attempt() -> None:
         "j attempt 1 rank 0 ran 2 times as (node, pid) [('n1', 10), ('n3', 13)]"]
 
 
-def test_cordoned_only_with_an_open_fault() -> None:
+def test_quarantined_only_with_an_open_fault() -> None:
     nodes = {"n1": {"state": "ready"}, "n2": {"state": "quarantined"},
              "n3": {"state": "quarantined"}, "n4": {"state": "ready"}}
     faults = [{"key": "n2", "scope": "node", "status": "mitigated"},
               {"key": "n3", "scope": "node", "status": "closed"},
               {"key": "j", "scope": "job", "status": "opened"}]
-    assert cordon_violations({**nodes, "n3": {"state": "ready"}}, faults, killed=["n2"]) == []
-    found = cordon_violations(nodes, faults, killed=["n2", "n4"])
+    assert quarantine_violations({**nodes, "n3": {"state": "ready"}}, faults, killed=["n2"]) == []
+    found = quarantine_violations(nodes, faults, killed=["n2", "n4"])
     assert found == ["n3 is quarantined without an open fault",
                      "n4 was killed but is ready with no open fault"]
 

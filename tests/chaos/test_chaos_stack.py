@@ -28,18 +28,18 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from nats.js.errors import NoKeysError
 
 from libs.bus import Bus
 from libs.embedded import EmbeddedStack
 from libs.events import Event, JobSpec, JobSubmitted, JobSubmittedData, parse_event
+from libs.records import BUCKETS
 from libs.sdk import latest_complete_checkpoint
 from tests.chaos.invariants import (
     AttemptStart,
-    cordon_violations,
     history_violations,
     placement_violations,
     process_violations,
+    quarantine_violations,
     resume_violations,
 )
 from tests.chaos.schedule import Kill, plan_kills
@@ -70,16 +70,14 @@ async def poll(fn: Callable[[], Awaitable[Any]], what: str, timeout: float,
 
 
 async def bucket(bus: Bus, name: str) -> dict[str, dict[str, Any]]:
-    kv = await bus.kv(name)
-    try:
-        keys = await kv.keys()
-    except NoKeysError:  # e.g. no fault was ever opened
-        return {}
-    return {k: json.loads((await kv.get(k)).value) for k in keys}
+    """A state bucket's records, through their models, as plain data."""
+    spec = next(b for b in BUCKETS if b.name == name)
+    return {k: r.model_dump(mode="json") for k, r in (await (await bus.records(spec)).load()
+                                                     ).items()}
 
 
 async def lens(bus: Bus, query: str, **params: object) -> list[dict[str, Any]]:
-    reply = await bus.request("safe.lens.query", {"query": query, "params": params}, timeout_s=20)
+    reply = await bus.request("safe.query.lens.query", {"query": query, "params": params}, timeout_s=20)
     assert reply["ok"], reply
     return [dict(zip(reply["columns"], r, strict=True)) for r in reply["rows"]]
 
@@ -261,8 +259,8 @@ async def _check(bus: Bus, stack: EmbeddedStack, job: str, final: dict[str, Any]
     markers = [(j, int(a), int(r), n, int(p)) for j, a, r, n, p in
                (line.split() for line in marker.read_text().splitlines())]
     found += process_violations(markers)
-    found += cordon_violations(await bucket(bus, "nodes"), (await bucket(bus, "faults")).values(),
-                               killed_nodes)
+    found += quarantine_violations(await bucket(bus, "nodes"),
+                                   (await bucket(bus, "faults")).values(), killed_nodes)
 
     # Attempts that trained to the end reported steps; wait for Lens to have them.
     trained = {a for a, logs in _rank_logs(stack.state_dir, job).items()

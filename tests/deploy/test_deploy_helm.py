@@ -41,7 +41,8 @@ from deploy_helpers import (
 )
 from scenarios import SCENARIOS
 
-from libs.nats_permissions import ROLE_NAMES, password_env
+from cli.catalog import ROLE_NAMES
+from libs.nats_permissions import password_env
 
 
 def has_inventory(scenario: str) -> bool:

@@ -17,10 +17,11 @@ import pytest
 from deploy_helpers import Renderer, by_kind, workloads
 from pki import make_pki
 
+from cli.catalog import ROLE_NAMES
 from libs.bus import Bus
 from libs.drivers.local import free_port
 from libs.embedded import nats_server_binary, wait_for_port
-from libs.nats_permissions import ROLE_NAMES, password_env
+from libs.nats_permissions import password_env
 
 NATS = "primus-primus-safe-nats"
 SECRET = "primus-primus-safe-credentials"

@@ -38,7 +38,7 @@ async def bucket(bus: Bus, name: str) -> dict[str, dict]:  # type: ignore[type-a
 
 
 async def lens(bus: Bus, query: str, **params: object) -> list[dict]:  # type: ignore[type-arg]
-    reply = await bus.request("safe.lens.query", {"query": query, "params": params}, timeout_s=20)
+    reply = await bus.request("safe.query.lens.query", {"query": query, "params": params}, timeout_s=20)
     assert reply["ok"], reply
     return [dict(zip(reply["columns"], r, strict=True)) for r in reply["rows"]]
 
@@ -160,6 +160,6 @@ def test_demo_recovers_from_a_killed_node(tmp_path: Path) -> None:
     assert summary["node_states"][summary["killed_node"]] == "quarantined"
     assert summary["detection_s"] < 10
     recovery = summary["recovery_s"]  # failover timed every phase, in order
-    assert 0 < recovery["detection_s"] <= recovery["cordon_s"] <= recovery["replacement_s"] \
+    assert 0 < recovery["detection_s"] <= recovery["mitigation_s"] <= recovery["replacement_s"] \
         <= recovery["first_step_s"]
     assert summary["clean_shutdown"] is True

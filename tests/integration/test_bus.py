@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 
+import nats.errors
 import pytest
+from pydantic import BaseModel
 
 from libs.bus import (
     CONTROL,
@@ -13,6 +15,7 @@ from libs.bus import (
     REASON_HEADER,
     Bus,
     MessageTooLarge,
+    UndeclaredRoute,
     dlq_subject,
 )
 from libs.events import (
@@ -22,6 +25,7 @@ from libs.events import (
     LogRecordData,
     NodeHeartbeat,
 )
+from libs.routes import Empty, Endpoint, Reply, Routes
 
 
 def beat(node: str = "n1", seq: int = 1, **kw: object) -> NodeHeartbeat:
@@ -144,14 +148,54 @@ async def test_failing_handler_is_retried_then_dead_lettered(bus: Bus) -> None:
     assert "disk full" in bus.stats.dead_letter_reasons[-1]
 
 
-async def test_request_reply_and_bad_request(bus: Bus) -> None:
-    async def echo(req: dict) -> dict:  # type: ignore[type-arg]
-        return {"ok": True, "you_said": req["x"]}
+class Said(BaseModel):
+    x: int
 
-    await bus.serve("safe.test.echo", echo)
-    assert await bus.request("safe.test.echo", {"x": 3}) == {"ok": True, "you_said": 3}
-    reply = await bus.request("safe.test.echo", {})
-    assert reply["ok"] is False and "x" in reply["error"]
+
+class Echo(Reply):
+    you_said: int
+
+
+ECHO = Endpoint("safe.query.echo", Said, Echo, "echo")
+
+
+async def test_request_reply_and_bad_request(bus: Bus) -> None:
+    """A typed endpoint: the request is validated into its model at the edge,
+    the return value is the reply, and a refused or failing request is
+    answered with the reason, never with silence."""
+    async def echo(req: Said) -> Echo:
+        if req.x < 0:
+            raise ValueError("negative numbers are not echoed")
+        return Echo(you_said=req.x)
+
+    served = await bus.serve(ECHO, echo)
+    assert await bus.request(ECHO.subject, {"x": 3}) == {"ok": True, "error": None,
+                                                         "you_said": 3}
+    assert (await bus.ask(ECHO, Said(x=4))).you_said == 4
+    reply = await bus.request(ECHO.subject, {})
+    assert reply == {"ok": False, "error": "invalid request: x: Field required"}
+    reply = await bus.request(ECHO.subject, {"x": "three"})
+    assert reply["ok"] is False and reply["error"].startswith("invalid request: x: ")
+    reply = await bus.request(ECHO.subject, {"x": -1})
+    assert reply == {"ok": False, "error": "negative numbers are not echoed"}
+    await served.stop()
+    with pytest.raises(nats.errors.NoRespondersError):
+        await bus.request(ECHO.subject, {"x": 1}, timeout_s=1)
+
+
+async def test_a_bus_with_a_route_table_refuses_what_the_table_does_not_name(
+        bus: Bus) -> None:
+    bus.routes = Routes("tester", "a test", publishes=(LogRecord,), calls=(ECHO,),
+                        service_shell=False)
+    with pytest.raises(UndeclaredRoute, match="publishes node.heartbeat"):
+        await bus.publish(beat())
+    with pytest.raises(UndeclaredRoute, match="serves safe.query.echo"):
+        await bus.serve(ECHO, lambda _: None)  # type: ignore[arg-type,return-value]
+    with pytest.raises(UndeclaredRoute, match="calls safe.query.other"):
+        await bus.request("safe.query.other")
+    with pytest.raises(UndeclaredRoute, match="listens to NodeHeartbeat"):
+        await bus.listen(NodeHeartbeat, lambda _: None)  # type: ignore[arg-type,return-value]
+    await bus.publish(LogRecord(source="test", data=LogRecordData(level="info", message="ok")))
 
 
 async def test_nothing_the_bus_sends_can_exceed_the_servers_limit(bus: Bus) -> None:
@@ -163,10 +207,10 @@ async def test_nothing_the_bus_sends_can_exceed_the_servers_limit(bus: Bus) -> N
     with pytest.raises(MessageTooLarge, match="takes at most"):
         await bus.publish(line)
 
-    async def huge(_: dict) -> dict:  # type: ignore[type-arg]
-        return {"ok": True, "rows": ["y" * bus.max_payload]}
+    async def huge(_: Empty) -> Reply:
+        return Reply(rows=["y" * bus.max_payload])
 
-    await bus.serve("safe.query.huge", huge)
+    await bus.serve(Endpoint("safe.query.huge", Empty, Reply, "too much"), huge)
     reply = await bus.request("safe.query.huge")
     assert reply["ok"] is False and "over the bus's limit" in reply["error"]
     assert bus.nc.is_connected and await bus.publish(beat())  # still connected and serving

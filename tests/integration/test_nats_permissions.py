@@ -7,34 +7,29 @@ through a CA it trusts, with and without a client certificate."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import os
 import secrets
 import subprocess
 from collections.abc import AsyncIterator, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import nats
 import nats.errors
 import pytest
 from nats.js import api
-from nats.js.errors import KeyNotFoundError, NoKeysError
+from nats.js.errors import KeyNotFoundError
+from pydantic import BaseModel, ConfigDict
 
+from cli.catalog import ROLE_NAMES, ROLES, role
 from libs.bus import KV_BUCKETS, Bus
 from libs.drivers.local import free_port
 from libs.embedded import nats_server_binary, wait_for_port
+from libs.events import Event
 from libs.leader import LEASES_BUCKET, LeaderElection
-from libs.nats_permissions import (
-    ANY_DURABLE,
-    ROLES,
-    Role,
-    event_subject,
-    password_env,
-    render_users,
-    role,
-)
+from libs.nats_permissions import password_env, render_users
+from libs.routes import Empty, Endpoint, Reply, Routes, event_subject, health_endpoint
 from tests.deploy.pki import make_pki
 
 ADMIN = "admin"  # the test's own eyes: sees and seeds everything
@@ -77,8 +72,8 @@ def secured(tmp_path: Path) -> Iterator[SecuredNats]:
     port = free_port()
     # nats-server parses an environment value as a config value: one that
     # starts with a digit reads as a number, so passwords start with a letter.
-    passwords = {n: "p" + secrets.token_hex(16) for n in (*(r.name for r in ROLES), ADMIN)}
-    users = render_users().replace(
+    passwords = {n: "p" + secrets.token_hex(16) for n in (*ROLE_NAMES, ADMIN)}
+    users = render_users(ROLES).replace(
         "users = [\n",
         f'users = [\n  {{user: "{ADMIN}", password: ${password_env(ADMIN)}}}\n', 1)
     store = json.dumps(str(tmp_path / "js"))
@@ -114,44 +109,45 @@ async def _until(check, timeout_s: float = 10.0) -> None:  # type: ignore[no-unt
         await asyncio.sleep(0.05)
 
 
-async def _exercise(r: Role, secured: SecuredNats, admin: Bus) -> None:
-    bus = await _as(secured, r.name)
+async def _exercise(r: Routes, secured: SecuredNats, admin: Bus) -> None:
+    """Everything the table names, done through the real Bus as the role's
+    user (with the table on the bus, as the services run)."""
+    bus = await _as(secured, r.service)
+    bus.routes = r
     try:
-        if r.service:
+        if r.service_shell:
             await bus.ensure_topology()  # as libs/service.py does at start-up
-            health = f"safe.health.{r.name}"
+            health = health_endpoint(r.service)
             await bus.serve(health, _ok)
-            probe = await _as(secured, r.name)  # `primus-safe health` with the pod's user
-            assert (await probe.request(health, timeout_s=10))["ok"]
+            probe = await _as(secured, r.service)  # `primus-safe health` with the pod's user
+            assert (await probe.request(health.subject, timeout_s=10))["ok"]
             await probe.close()
         # Publish every event it owns, durably (JetStream acks it).
-        for cls in r.produces:
+        for cls in r.publishes:
             ack = await bus.js.publish(concrete(event_subject(cls)), b"{}", timeout=10)
-            assert ack.seq > 0, (r.name, cls.__name__)
-        for bucket in r.kv_read + r.kv_write:
-            kv = await bus.kv(bucket)
-            with contextlib.suppress(NoKeysError):
-                await kv.keys()
-            if bucket in r.kv_write:
+            assert ack.seq > 0, (r.service, cls.__name__)
+        for bucket in dict.fromkeys([*r.reads, *r.owns]):
+            records = await bus.records(bucket)
+            await records.load()
+            if bucket in r.owns:
+                kv = await bus.kv(bucket.name)
                 await kv.put("probe", b"1")
                 assert (await kv.get("probe")).value == b"1"
         for key in r.leases:  # the real election: take, renew, release its own key
-            election = LeaderElection(bus, key, ttl_s=2, holder=f"{r.name}-test")
+            election = LeaderElection(bus, key, ttl_s=2, holder=f"{r.service}-test")
             await election.start()
             assert await asyncio.wait_for(election.wait_elected(), 10) > 0
             await election.stop()
             with pytest.raises(KeyNotFoundError):  # released: its delete went through
                 await (await admin.kv(LEASES_BUCKET)).get(key)
         for c in r.consumes:
-            durable = f"{r.name}-n1" if c.durable == ANY_DURABLE else c.durable
-            subjects = [concrete(s) for s in c.subjects] if c.durable == ANY_DURABLE \
-                else list(c.subjects)
+            durable, subjects = c.name("n1"), list(c.subjects("n1"))
 
             async def refuse_all(msgs):  # type: ignore[no-untyped-def]
                 return [(m, "test refuses") for m in msgs]
 
             before = bus.stats.dead_lettered
-            if c.durable == "lens-telemetry":  # as the collector: its own lean connection
+            if c.mode == "raw":  # as the collector: its own lean connection
                 bus.consume_raw(durable=durable, subjects=subjects, stream=c.stream,
                                 handler=refuse_all, batch=10, fill_s=0.05)
             else:
@@ -170,38 +166,54 @@ async def _exercise(r: Role, secured: SecuredNats, admin: Bus) -> None:
                 return info.num_ack_pending == 0 and info.num_pending == 0
 
             await _until(acked)
-        for subject in r.serves:
-            concrete_subject = concrete(subject)
-            await bus.serve(subject, _ok)  # the server has the SUB once it returns
-            assert (await admin.request(concrete_subject, timeout_s=10))["ok"], subject
-        for subject in r.listens:
-            seen: asyncio.Queue[bytes] = asyncio.Queue()
+        for serve in r.serves:
+            endpoint = serve.endpoint
+            subject = concrete(endpoint.pattern)
+            if endpoint.reply is None:  # one-way: it hears what is sent
+                seen: asyncio.Queue[bytes] = asyncio.Queue()
 
-            async def got(msg, seen=seen):  # type: ignore[no-untyped-def]
-                await seen.put(msg.data)
+                async def heard(msg, seen=seen):  # type: ignore[no-untyped-def]
+                    await seen.put(msg.data)
 
-            sub = await bus.nc.subscribe(subject, cb=got)
-            await bus.flush()
-            await admin.nc.publish(concrete(subject), b"live")
-            assert await asyncio.wait_for(seen.get(), 10) == b"live"
+                sub = await bus.subscribe(endpoint, heard)
+                await admin.nc.publish(subject, b"{}")
+                assert await asyncio.wait_for(seen.get(), 10) == b"{}"
+                await sub.unsubscribe()
+                continue
+            served = await bus.serve(endpoint, _ok)  # the server has the SUB on return
+            assert (await admin.request(subject, timeout_s=10))["ok"], subject
+            await served.stop()
+        for cls in r.listens:
+            live: asyncio.Queue[Event] = asyncio.Queue()
+            sub = await bus.listen(cls, live.put)
+            await admin.nc.publish(concrete(event_subject(cls)), b"not an event")  # skipped
+            assert live.empty()
             await sub.unsubscribe()
-        for subject in r.calls:
-            target = concrete(subject)
-            sub = await admin.serve(target, _ok)
-            assert json.loads((await bus.nc.request(target, b"{}", timeout=10)).data)["ok"]
-            await sub.unsubscribe()
+        for endpoint in r.calls:
+            target = concrete(endpoint.pattern)
+            served = await admin.serve(Endpoint(target, Empty, Reply, "test"), _ok)
+            assert (await bus.request(target, {}, timeout_s=10))["ok"]
+            await served.stop()
     finally:
         await bus.close()
 
 
-async def _ok(_: object) -> dict[str, bool]:
-    return {"ok": True}
+async def _ok(_: object) -> Reply:
+    return Reply()
 
 
-@pytest.mark.parametrize("name", [r.name for r in ROLES if r.name != "trainer"])
+class _Anything(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+@pytest.mark.parametrize("name", [r for r in ROLE_NAMES if r != "trainer"])
 async def test_each_service_user_can_do_its_work(name: str, secured: SecuredNats,
                                                  admin: Bus) -> None:
-    await _exercise(role(name), secured, admin)
+    table = role(name)
+    # Requests of any shape: the test asks with an empty body.
+    table = replace(table, serves=tuple(
+        replace(s, endpoint=replace(s.endpoint, request=_Anything)) for s in table.serves))
+    await _exercise(table, secured, admin)
 
 
 async def test_a_flush_returns_after_the_server_has_the_subscription(
@@ -295,8 +307,8 @@ async def test_a_wrong_password_is_refused(secured: SecuredNats) -> None:
                           timeout_s=3)
 
 
-def test_the_buckets_the_table_names_exist() -> None:
-    names = {b for r in ROLES for b in r.kv_read + r.kv_write}
+def test_the_buckets_the_tables_name_exist() -> None:
+    names = {b.name for r in ROLES for b in (*r.reads, *r.owns)}
     assert names <= set(KV_BUCKETS)
 
 

@@ -19,7 +19,7 @@ import pytest
 from libs.bus import Bus
 from libs.drivers.local import reap_all
 from libs.events import JobSpec, JobSubmitted, JobSubmittedData
-from services.scheduler.protocol import ADMISSION_SUBJECT
+from services.scheduler.protocol import ADMISSION
 from tests.helpers import ROOT, ready_nodes, run_cli, start_service, stop_process, until
 
 pytestmark = pytest.mark.timeout(150)
@@ -50,7 +50,7 @@ async def test_refused_at_submit_unschedulable_accepted_and_the_queue_moves(
         return await asyncio.to_thread(run_cli, "submit", str(path), env=env, cwd=tmp_path)
 
     try:
-        await until(lambda: bus.request(ADMISSION_SUBJECT, {"spec": JobSpec(
+        await until(lambda: bus.request(ADMISSION.subject, {"spec": JobSpec(
             name="probe", workers=1, gpus_per_worker=1, command=["x"]).model_dump(
             mode="json")}, timeout_s=1), "the scheduler leader to answer admission")
 

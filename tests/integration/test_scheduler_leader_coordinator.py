@@ -14,7 +14,7 @@ import pytest
 
 from libs.bus import Bus
 from libs.events import BenchResult, BenchResultData, Figure
-from services.bench.protocol import REPORT_SUBJECT
+from services.bench.protocol import REPORT
 from tests.integration.test_scheduler_leader import (
     MARGIN_S,
     TTL_S,
@@ -54,7 +54,7 @@ async def test_bench_coordinator_standby_takes_over(nats_url: str, bus: Bus,
                 return False
 
         await until(stored, "the leader to store n1's result")
-        assert (await bus.request(REPORT_SUBJECT, timeout_s=5))["ok"] is True
+        assert (await bus.request(REPORT.subject, timeout_s=5))["ok"] is True
 
         a.signal_kill()
         killed = time.monotonic()
@@ -79,7 +79,7 @@ async def test_bench_coordinator_standby_takes_over(nats_url: str, bus: Bus,
                 return False
 
         await until(stored_n2, "the new leader to store n2's result")
-        assert (await bus.request(REPORT_SUBJECT, timeout_s=5))["ok"] is True
+        assert (await bus.request(REPORT.subject, timeout_s=5))["ok"] is True
     finally:
         for replica in (a, b):
             await replica.terminate()

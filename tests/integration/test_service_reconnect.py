@@ -11,11 +11,13 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+from pathlib import Path
 
 import nats.errors
 import pytest
 
-from libs.bus import Bus
+from libs.bus import Bus, on_connection_lost
+from libs.embedded import NatsServer
 from libs.events import HeartbeatData, NodeHeartbeat
 from libs.service import run_service
 from libs.settings import Settings
@@ -84,3 +86,30 @@ async def test_a_service_without_a_factory_exits_for_its_supervisor(
     assert service.bus is not None
     await _violate_payload_limit(service.bus)
     assert await asyncio.wait_for(task, 40) == 3
+
+
+async def test_a_server_that_refuses_to_take_it_back_gets_a_fresh_connection(
+        tmp_path: Path) -> None:
+    """A server restarted with other credentials answers every reconnect with
+    'Authorization Violation'. faststream ends nats-py's reconnecting on such
+    an error, so the bus gives the connection up at once (the shell then
+    connects afresh, with backoff) instead of hanging on as 'disconnected'."""
+    server = NatsServer(tmp_path / "nats", token="first").start()
+    lost: list[str] = []
+    forget = on_connection_lost(lost.append)
+    bus = await Bus.connect(server.url, "victim", token="first")
+    try:
+        assert bus.link.state == "connected"
+        server.stop()
+        again = NatsServer(tmp_path / "nats", port=server.port, token="rotated").start()
+        try:
+            await until(lambda: asyncio.sleep(0, lost), "the bus to give the connection up",
+                        timeout=30)
+            assert bus.link.state == "closed" and "authorization violation" in lost[0].lower()
+            with pytest.raises(ConnectionError, match="Authorization Violation"):
+                await Bus.connect(again.url, "victim", token="first", timeout_s=3)
+        finally:
+            again.stop()
+    finally:
+        forget()
+        await bus.close()

@@ -110,7 +110,7 @@ def test_a_restart_keeps_one_alert_per_condition() -> None:
 
 
 async def _alerts(bus: Bus, job: str) -> list[dict[str, Any]]:
-    reply = await bus.request("safe.lens.query", {"query": "alerts", "params": {"job": job}},
+    reply = await bus.request("safe.query.lens.query", {"query": "alerts", "params": {"job": job}},
                               timeout_s=20)
     assert reply["ok"], reply
     return [dict(zip(reply["columns"], r, strict=True)) for r in reply["rows"]]

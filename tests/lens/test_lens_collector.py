@@ -44,7 +44,7 @@ async def until(fn, what: str, timeout: float = 30.0) -> Any:  # type: ignore[no
 
 
 async def lens(bus: Bus, query: str, **params: object) -> list[dict[str, Any]]:
-    reply = await bus.request("safe.lens.query", {"query": query, "params": params},
+    reply = await bus.request("safe.query.lens.query", {"query": query, "params": params},
                               timeout_s=20)
     assert reply["ok"], reply
     return [dict(zip(reply["columns"], r, strict=True)) for r in reply["rows"]]

@@ -1,8 +1,8 @@
 """The hot-path consumer (``Bus.consume_raw``) against a real nats-server,
-both over its own lean connection (``libs.natsfast``) and over nats-py
-(``libs.pull``): batches fill, everything is acked once, refused messages
-are dead-lettered with the reason, failures are retried, and a dropped
-connection loses nothing."""
+over both links of the one puller (``libs.pull``): its own lean connection
+(``libs.natsfast``) and the service's nats-py connection. Batches fill,
+everything is acked once, refused messages are dead-lettered with the
+reason, failures are retried, and a dropped connection loses nothing."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ import asyncio
 import pytest
 from nats.aio.msg import Msg
 
-from libs import natsfast
+from libs import pull
 from libs.bus import DEADLETTER, REASON_HEADER, TELEMETRY, Bus, dlq_subject
-from libs.natsfast import FastPuller
+from libs.natsfast import LeanLink
 
 
 async def publish(bus: Bus, count: int, start: int = 0) -> None:
@@ -58,7 +58,7 @@ async def test_a_batch_bigger_than_one_pull_request_fills_within_its_wait(
         bus: Bus, monkeypatch: pytest.MonkeyPatch) -> None:
     """A pull request brings at most MAX_BYTES; the batch is made of as many
     requests as it takes (large inserts are what keep ClickHouse's merges cheap)."""
-    monkeypatch.setattr(natsfast, "MAX_BYTES", 64 << 10)
+    monkeypatch.setattr(pull, "MAX_BYTES", 64 << 10)
     sizes: list[int] = []
 
     async def handler(msgs: list[Msg]) -> list[tuple[Msg, str]]:
@@ -141,9 +141,9 @@ async def test_a_dropped_connection_loses_nothing(bus: Bus) -> None:
                     handler=handler, batch=20, fill_s=0.1, ack_wait_s=2)
     await publish(bus, 20)
     await asyncio.wait_for(first.wait(), 10)
-    [puller] = [p for p in bus._pull_subs if isinstance(p, FastPuller)]
-    assert puller._writer is not None
-    puller._writer.transport.abort()  # the socket dies under it
+    [link] = [p.link for p in bus.consumers._pullers if isinstance(p.link, LeanLink)]
+    assert link._writer is not None
+    link._writer.transport.abort()  # the socket dies under it
     await publish(bus, 50, start=20)
     await until(lambda: len(set(seen)) == 70, timeout=30)
     assert set(seen) == {f"m{i}" for i in range(70)}

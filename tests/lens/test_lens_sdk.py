@@ -99,15 +99,12 @@ async def test_shipped_log_lines_carry_service_node_and_job(bus: Bus, nats_url: 
                                                             monkeypatch: pytest.MonkeyPatch,
                                                             capsys: pytest.CaptureFixture[str]
                                                             ) -> None:
-    monkeypatch.setenv(logs.SHIP_ENV, "1")
-    monkeypatch.setenv("PRIMUS_NATS_URL", nats_url)
     try:
-        log = logs.configure("scheduler", "info", node="n7")
+        log = logs.configure("scheduler", "info", ship_to=(nats_url, None), node="n7")
         log.info("placed", job="j9", workers=2)
         structlog.get_logger().bind(job="not a key!").warning("odd")
         await asyncio.to_thread(logs.stop_shipping)
     finally:
-        monkeypatch.delenv(logs.SHIP_ENV)
         logs._shipper = None
         # configure() bound this test's captured stderr, closed after it: later
         # tests (migrations log) would write to a closed file.

@@ -53,7 +53,7 @@ async def health(bus: Bus) -> dict:  # type: ignore[type-arg]
 
 async def counts(bus: Bus) -> dict[str, tuple[int, int]]:
     try:
-        reply = await bus.request("safe.lens.query", {"query": "table_counts"}, timeout_s=10)
+        reply = await bus.request("safe.query.lens.query", {"query": "table_counts"}, timeout_s=10)
     except Exception:
         return {}
     return {r[0]: (r[1], r[2]) for r in reply.get("rows", [])}

@@ -18,7 +18,7 @@ def random_nodes(rng: random.Random) -> list[Node]:
         switch = f"s{rng.randint(0, 1)}"
         for i in range(rng.randint(1, 6)):
             gpus = rng.choice([8, 8, 8, 4])
-            state = rng.choices(["ready", "cordoned", "faulted", "unready"], [12, 1, 1, 1])[0]
+            state = rng.choices(["ready", "quarantined", "unready"], [12, 2, 1])[0]
             nodes.append(Node(f"r{r}-n{i}", gpus, model, rack=f"r{r}", switch=switch,
                               ip=f"10.0.{r}.{rng.randint(1, 250)}", state=state,  # type: ignore[arg-type]
                               pool=rng.choice(["default", "default", "spot"])))

@@ -17,8 +17,8 @@ from services.scheduler.policy.admission import Fleet, admit, screen
 
 WS = {"ws": Workspace("ws")}
 PRIORITIES = ("low", "medium", "high")
-# Two racks of four 8-GPU MI300X nodes (64 GPUs), one node cordoned.
-FLEET = rack("r1", 4) + rack("r2", 3) + rack("r2", 1, state="cordoned", prefix="c")
+# Two racks of four 8-GPU MI300X nodes (64 GPUs), one node quarantined.
+FLEET = rack("r1", 4) + rack("r2", 3) + rack("r2", 1, state="quarantined", prefix="q")
 
 
 @dataclass
@@ -80,7 +80,7 @@ CASES = [
     Case("no node registered at all: a model cannot be judged unknown",
          job("j", gpu_models={"H100"}), "unschedulable", "no node is registered yet", nodes=[]),
     # -- ok ---------------------------------------------------------------------
-    Case("fits the registered nodes, the cordoned one included", job("j", 8), "ok", ""),
+    Case("fits the registered nodes, the quarantined one included", job("j", 8), "ok", ""),
     Case("any model, one of which holds it", job("j", 2),
          "ok", "", nodes=rack("r1", 1, model="MI250X") + rack("r2", 2)),
     Case("a unit that fits one node", job("j", 4, 2, unit_workers=4), "ok", ""),

@@ -69,8 +69,8 @@ S.append(Scenario(
     reasons={"want-h100": "no ready node with GPU model H100"}))
 S.append(Scenario(
     "only ready nodes are used",
-    rack("r1", 1) + rack("r1", 1, state="cordoned", prefix="c") + rack("r1", 1, state="faulted",
-    prefix="f") + rack("r1", 1, state="unready", prefix="u"),
+    rack("r1", 1) + rack("r1", 1, state="quarantined", prefix="q")
+    + rack("r1", 1, state="unready", prefix="u"),
     [job("two", 2, at=0), job("one", 1, at=1)], workspaces=BALANCE,
     placed={"one": ["r1-n0"]}, pending_codes={"two": "capacity"},
     reasons={"two": "needs 16 GPUs (2 workers x 8 GPUs); 0 free on ready nodes"}))

@@ -3,12 +3,13 @@ heartbeat fault detection, bench verdicts and gang placement."""
 
 from __future__ import annotations
 
-import json
 import math
 
 import pytest
 
 from libs.events import JobSpec, WorkerSlot
+from libs.inventory import HostSpec
+from libs.records import JobRecord, NodeRecord
 from libs.specs import SpecError
 from services.bench.verdict import judge_quick
 from services.bootstrap.onboarding import step
@@ -16,10 +17,7 @@ from services.failover.rules import HeartbeatMonitor
 from services.scheduler.config import SchedulerFile
 from services.scheduler.config import load as load_scheduler_file
 from services.scheduler.policy import schedule
-from services.scheduler.records import job_from_json, job_to_json
 from services.scheduler.view import (
-    JobRecord,
-    NodeView,
     SchedulerState,
     retry_backoff_s,
     snapshot,
@@ -72,8 +70,10 @@ def test_bench_verdicts() -> None:
     assert not nan.passed and "GEMM result wrong" in nan.reason
 
 
-def view_nodes(*specs: tuple[str, int, str, str]) -> dict[str, NodeView]:
-    return {name: NodeView(name, gpus, "cpu", f"10.0.0.{i}", rack=rack, state=state)
+def view_nodes(*specs: tuple[str, int, str, str]) -> dict[str, NodeRecord]:
+    return {name: NodeRecord(spec=HostSpec(name=name, ip=f"10.0.0.{i}", gpu_model="cpu",
+                                           gpu_count=gpus, labels={"rack": rack}),
+                             state=state)  # type: ignore[arg-type]
             for i, (name, gpus, rack, state) in enumerate(specs, 1)}
 
 
@@ -94,7 +94,8 @@ def test_snapshot_translates_node_states_and_running_gangs() -> None:
     running.slots = [WorkerSlot(rank=0, node="a", gpus=1), WorkerSlot(rank=1, node="a", gpus=1)]
     state.jobs = {"run": running, "new": record("new", 1, priority="high")}
     snap, held = snapshot(state, WORKSPACES, now=10.0)
-    assert {n.name: n.state for n in snap.nodes} == {"a": "ready", "b": "faulted", "c": "unready"}
+    assert {n.name: n.state for n in snap.nodes} == {
+        "a": "ready", "b": "quarantined", "c": "unready"}
     [alloc] = snap.running
     assert alloc.terminating and alloc.slots == (("a", 1), ("a", 1))
     assert [j.id for j in snap.pending] == ["new"] and snap.pending[0].priority == "high"
@@ -131,8 +132,8 @@ def test_records_round_trip_through_json() -> None:
     job.status, job.attempt, job.exits = "running", 2, {0: 0}
     job.slots = [WorkerSlot(rank=0, node="a", gpus=1)]
     job.exclude_nodes = ["b"]
-    back = job_from_json(json.loads(json.dumps(job_to_json(job))))
-    assert back == job
+    back = JobRecord.model_validate_json(job.model_dump_json())
+    assert back == job and back.exits == {0: 0}
 
 
 def test_retry_backoff_grows_and_is_capped() -> None:

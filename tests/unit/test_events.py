@@ -148,3 +148,21 @@ def test_a_newer_version_is_refused_whatever_its_shape_and_unknown_fields_are_na
     assert event == beat and unknown == ("data.battery", "region")
     with pytest.raises(ValidationError, match="Extra inputs"):  # producers stay strict
         parse_event(json.dumps(doc))
+
+
+def test_a_version_1_fault_is_read_as_version_2() -> None:
+    """fault.opened version 2 calls the flag ``quarantine`` (version 1:
+    ``cordon``); a stored version 1 event keeps its meaning."""
+    from libs.events import FaultOpened, FaultOpenedData
+
+    v2 = FaultOpened(source="failover", node="n1", data=FaultOpenedData(
+        fault_id="f1", kind="alert:gpu_temp_high", reason="hot", quarantine=False))
+    doc = json.loads(encode_event(v2))
+    assert doc["version"] == 2 and doc["data"]["quarantine"] is False
+    doc["version"] = 1
+    doc["data"]["cordon"] = doc["data"].pop("quarantine")
+    event, unknown = read_event(json.dumps(doc))
+    assert isinstance(event, FaultOpened) and unknown == ()
+    assert event.version == 2 and event.data.quarantine is False
+    doc["data"]["cordon"] = True
+    assert read_event(json.dumps(doc))[0].data.quarantine is True  # type: ignore[attr-defined]

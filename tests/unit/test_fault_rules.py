@@ -21,7 +21,7 @@ def test_a_node_fault_opens_is_mitigated_recovers_and_closes() -> None:
     assert b.job_stepped("j1", attempt=1, now=13.6) == []  # a late step of the old attempt
     [recovered] = b.job_stepped("j1", attempt=2, now=20.0)
     assert recovered.action == "recovered"
-    assert recovered.fault.timings() == {"detection_s": 3.0, "cordon_s": 3.2,
+    assert recovered.fault.timings() == {"detection_s": 3.0, "mitigation_s": 3.2,
                                          "replacement_s": 3.5, "first_step_s": 10.0}
     [closed] = b.node_state("n2", "ready", now=60.0)  # it passed bench again
     assert closed.action == "close" and closed.fault.status == "closed"

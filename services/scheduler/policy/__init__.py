@@ -18,9 +18,9 @@ from .model import (
     Preemption,
     QueuePolicy,
     SchedulerConfig,
+    Slot,
     Snapshot,
     UnitScope,
-    WorkerSlot,
     Workspace,
 )
 from .ordering import order_queue, queue_key
@@ -52,7 +52,7 @@ __all__ = [
     "Snapshot",
     "UnitScope",
     "VictimChoice",
-    "WorkerSlot",
+    "Slot",
     "Workspace",
     "build_request",
     "eligible",

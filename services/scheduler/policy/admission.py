@@ -15,7 +15,7 @@ What the cluster "can ever give" is decided on what is knowable:
   GPU model carry one board size. A worker (or node-scoped unit) needing
   more GPUs on one node than the largest registered node of its model has
   is *refused*.
-* **The registered nodes** (every state: a cordoned or faulted node comes
+* **The registered nodes** (every state: a quarantined node comes
   back) are only what the cluster has today. Where no pool declares a
   capacity, a job needing more GPUs of a model than those nodes hold, or a
   rack-scoped unit larger than any rack, might run after nodes join, so it

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from .model import Allocation, Job, Node, WorkerSlot
+from .model import Allocation, Job, Node, Slot
 
 
 class FirstFit:
@@ -32,7 +32,7 @@ class FirstFit:
                     self.free[i] -= gpus
                     self.total_free -= gpus
 
-    def decide(self, job: Job) -> tuple[WorkerSlot, ...] | None:
+    def decide(self, job: Job) -> tuple[Slot, ...] | None:
         need = job.workers * job.gpus_per_worker
         if need > self.total_free:
             return None
@@ -56,7 +56,7 @@ class FirstFit:
         self.total_free -= need
         return tuple((self.names[i], g) for i in chosen)
 
-    def release(self, slots: Iterable[WorkerSlot]) -> None:
+    def release(self, slots: Iterable[Slot]) -> None:
         for name, gpus in slots:
             i = self.index.get(name)
             if i is not None:
@@ -65,10 +65,10 @@ class FirstFit:
 
 
 def fifo_first_fit(nodes: Sequence[Node], running: Iterable[Allocation],
-                   pending: Iterable[Job]) -> dict[str, tuple[WorkerSlot, ...]]:
+                   pending: Iterable[Job]) -> dict[str, tuple[Slot, ...]]:
     """Place ``pending`` in submission order; job id -> slots for those placed."""
     ff = FirstFit(nodes, running)
-    out: dict[str, tuple[WorkerSlot, ...]] = {}
+    out: dict[str, tuple[Slot, ...]] = {}
     for job in sorted(pending, key=lambda j: (j.submitted_at, j.id)):
         slots = ff.decide(job)
         if slots is not None:

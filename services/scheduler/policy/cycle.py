@@ -29,8 +29,8 @@ from .model import (
     Pending,
     Preemption,
     SchedulerConfig,
+    Slot,
     Snapshot,
-    WorkerSlot,
     Workspace,
 )
 from .ordering import order_queue
@@ -76,8 +76,8 @@ class Cycle:
             snapshot.nodes, snapshot.workspaces, snapshot.running))
         self.queue: list[Job] = self._timed("order", lambda: order_queue(
             snapshot.pending, config.priorities, (a.job.id for a in snapshot.running)))
-        self.placements: dict[str, tuple[WorkerSlot, ...]] = {}
-        self.nominations: dict[str, tuple[WorkerSlot, ...]] = {}
+        self.placements: dict[str, tuple[Slot, ...]] = {}
+        self.nominations: dict[str, tuple[Slot, ...]] = {}
         self.preemptions: list[Preemption] = []
         self.outcomes: dict[str, Outcome] = {}
         self._fifo_blocked: dict[str, str] = {}

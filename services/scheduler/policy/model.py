@@ -13,11 +13,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
-NodeState = Literal["ready", "cordoned", "faulted", "unready"]
+# A node the placement may use is ready; a quarantined one comes back once it
+# passes bench again (it counts for admission); anything else is unready.
+NodeState = Literal["ready", "quarantined", "unready"]
 QueuePolicy = Literal["fifo", "balance"]
 UnitScope = Literal["node", "rack"]
-WorkerSlot = tuple[str, int]
-"""(node name, GPUs) for one worker rank."""
+Slot = tuple[str, int]
+"""(node name, GPUs) for one worker rank: the core's own form of a
+``libs.events.WorkerSlot``, converted in ``services/scheduler/view.py``."""
 
 DEFAULT_PRIORITIES: Mapping[str, int] = {"low": 100, "medium": 500, "high": 1000}
 
@@ -103,7 +106,7 @@ class Allocation:
     checkpoint and stop (preempted or cancelled) and has not released yet."""
 
     job: Job
-    slots: tuple[WorkerSlot, ...]
+    slots: tuple[Slot, ...]
     terminating: bool = False
 
 
@@ -165,10 +168,10 @@ class CycleResult:
     are also listed in ``pending``); ``reservations`` are the nodes held for
     blocked jobs, to pass back in the next ``Snapshot``."""
 
-    placements: Mapping[str, tuple[WorkerSlot, ...]]
+    placements: Mapping[str, tuple[Slot, ...]]
     preemptions: tuple[Preemption, ...]
     pending: Mapping[str, Pending]
-    nominations: Mapping[str, tuple[WorkerSlot, ...]] = field(default_factory=dict)
+    nominations: Mapping[str, tuple[Slot, ...]] = field(default_factory=dict)
     reservations: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     order: tuple[str, ...] = ()
     step_seconds: Mapping[str, float] = field(default_factory=dict)

@@ -88,7 +88,7 @@ app.kubernetes.io/part-of: primus-safe
 
 {{/*
 The NATS users, one per service and their permissions, generated from the
-event contract (python -m libs.nats_permissions --write).
+route tables (python -m cli.catalog --write).
 */}}
 {{- define "primus-safe.natsUsers" -}}
 {{ .Files.Get "files/nats-users.conf" }}

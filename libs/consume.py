@@ -1,0 +1,345 @@
+"""Durable pull consumers: fetch, decode, hand to the handler, ack after.
+
+Delivery is at-least-once. A consumer acks only after its handler returned
+(the effect is durable); a message that cannot be decoded or validated (or
+is of a newer version than this code reads, or is on a subject its type
+does not belong to) is dead-lettered with the reason and acked so it never
+blocks the stream; a handler that keeps failing is dead-lettered after
+``max_deliver`` tries. A handler cancelled mid-way (the service stops)
+hands its messages back at once.
+
+A ``Consumers`` group holds the consumers started together and stops them
+together: a service's, or one leader term's (``Bus.group``).
+
+Why not faststream's JetStream subscribers: they hand a fetched batch to
+concurrent tasks, which breaks stream order (per node, per job) unless
+each fetch brings one message, and then they are several times slower;
+``bench/bus_latency.py`` measures both in the same run. Request/reply
+endpoints, which have no order to keep, are faststream's (``libs.bus``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import nats.errors
+import nats.js.errors
+from nats.aio.msg import Msg
+from nats.js import api
+from pydantic import ValidationError
+
+from libs import natsfast
+from libs.events import Event, UnsupportedVersion, read_event
+from libs.logs import get_logger
+from libs.natsfast import LeanLink
+from libs.pull import NatsLink, Puller
+from libs.topology import StreamSpec
+
+EventHandler = Callable[[Event], Awaitable[None]]
+# A batch handler gets each event with its stream sequence number.
+BatchHandler = Callable[[list[tuple[Event, int]]], Awaitable[None]]
+# A raw batch handler decodes messages itself and returns those it refuses,
+# each with the reason (they are dead-lettered); the rest are acked.
+RawBatchHandler = Callable[[list[Msg]], Awaitable[list[tuple[Msg, str]]]]
+MAX_ORIGIN_CHARS = 512
+
+
+@dataclass
+class ConsumerStats:
+    delivered: int = 0
+    handled: int = 0
+    dead_lettered: int = 0
+    dead_letter_reasons: list[str] = field(default_factory=list)
+    # Fields a known version does not define (a newer producer), by path: read without them.
+    unknown_fields: dict[str, int] = field(default_factory=dict)
+    # Events whose stamp is further than the clock skew from when the server
+    # stored them, by source: their senders' clocks are wrong.
+    skewed: dict[str, int] = field(default_factory=dict)
+
+
+class Connection(Protocol):
+    """What consumers need of the bus they run on (``libs.bus.Bus``)."""
+
+    nc: Any
+    js: Any
+    url: str | None
+    token: str | None
+    service: str
+    stats: ConsumerStats
+    clock_skew_s: float
+
+    async def dead_letter(self, msg: Any, reason: str) -> None: ...
+
+
+class Consumers:
+    """Consumers started together on one bus, stopped together."""
+
+    def __init__(self, bus: Connection) -> None:
+        self.bus = bus
+        self._stopping = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._pullers: list[Puller] = []
+        self._log = get_logger(component="bus")
+
+    @property
+    def stats(self) -> ConsumerStats:
+        return self.bus.stats
+
+    def consume(self, *, durable: str, subjects: Sequence[str], stream: StreamSpec,
+                handler: EventHandler | None = None, batch_handler: BatchHandler | None = None,
+                batch: int = 64, max_deliver: int = 5, ack_wait_s: float = 30.0) -> None:
+        """Start a durable pull consumer in the background. Exactly one of
+        ``handler`` (events one at a time, in stream order) and
+        ``batch_handler`` (a whole fetched batch at once) is given."""
+        if (handler is None) == (batch_handler is None):
+            raise ValueError("give exactly one of handler and batch_handler")
+
+        async def on_msgs(msgs: list[Msg], _: Puller) -> None:
+            await self._dispatch(msgs, handler, batch_handler, max_deliver)
+
+        self._start(durable, list(subjects), stream, on_msgs, batch=batch, fill_s=0.0,
+                    max_deliver=max_deliver, ack_wait_s=ack_wait_s, inflight=1)
+
+    def consume_raw(self, *, durable: str, subjects: Sequence[str], stream: StreamSpec,
+                    handler: RawBatchHandler, batch: int = 1000, fill_s: float = 0.2,
+                    max_deliver: int = 5, ack_wait_s: float = 30.0, inflight: int = 2,
+                    own_connection: bool = True) -> None:
+        """A durable pull consumer for hot paths that decode messages themselves.
+
+        Fetches up to ``batch`` messages, waiting at most ``fill_s`` for a
+        batch to fill, and runs up to ``inflight`` handler calls at once (so
+        decoding the next batch overlaps storing this one). The handler
+        returns the messages it refuses, with the reason: those are
+        dead-lettered; every other message is acked once the handler
+        returned. Replicas that use the same ``durable`` share the consumer
+        (a queue group). With ``own_connection`` (and a plain nats:// URL)
+        messages come over a lean connection of their own (``libs.natsfast``)
+        and are acked in one write."""
+
+        async def on_msgs(msgs: list[Msg], puller: Puller) -> None:
+            self.stats.delivered += len(msgs)
+            await self._run_raw(handler, msgs, max_deliver, puller)
+
+        self._start(durable, list(subjects), stream, on_msgs, batch=batch, fill_s=fill_s,
+                    max_deliver=max_deliver, ack_wait_s=ack_wait_s, inflight=inflight,
+                    lean=own_connection)
+
+    def _start(self, durable: str, subjects: list[str], stream: StreamSpec,
+               on_msgs: Callable[[list[Msg], Puller], Awaitable[None]], *, batch: int,
+               fill_s: float, max_deliver: int, ack_wait_s: float, inflight: int,
+               lean: bool = False) -> None:
+        config = api.ConsumerConfig(
+            # Created by name, a single filter travels in the API subject
+            # (CONSUMER.CREATE.<stream>.<name>.<filter>), where the server's
+            # permissions can check it (libs/nats_permissions.py).
+            name=durable,
+            durable_name=durable,
+            ack_policy=api.AckPolicy.EXPLICIT,
+            deliver_policy=api.DeliverPolicy.ALL,
+            max_deliver=max_deliver + 1,  # the last delivery is dead-lettered by us
+            ack_wait=ack_wait_s,
+            filter_subjects=subjects if len(subjects) > 1 else None,
+            filter_subject=subjects[0] if len(subjects) == 1 else None,
+            max_ack_pending=max(1000, batch * (inflight + 3)),
+        )
+        bus = self.bus
+        if lean and bus.url and natsfast.supported(bus.url):
+            link: Any = LeanLink(bus.nc, bus.url, bus.token, name=f"{bus.service}:{durable}")
+        else:
+            link = NatsLink(bus.nc)
+        puller = Puller(link, stream.name, durable)
+        self._pullers.append(puller)
+        task = asyncio.create_task(
+            self._loop(durable, stream, config, puller, on_msgs, batch, fill_s, inflight),
+            name=f"consume:{durable}")
+        self._tasks.append(task)
+
+    async def _loop(self, durable: str, stream: StreamSpec, config: api.ConsumerConfig,
+                    puller: Puller, on_msgs: Callable[[list[Msg], Puller], Awaitable[None]],
+                    batch: int, fill_s: float, inflight: int) -> None:
+        try:
+            await self.bus.js.add_consumer(stream.name, config)
+        except nats.js.errors.APIError as exc:  # exists with other settings: use it
+            self._log.warning("consumer kept as it was", durable=durable, error=str(exc))
+        slots = asyncio.Semaphore(inflight)
+        running: set[asyncio.Task[None]] = set()
+
+        async def handle(msgs: list[Msg]) -> None:
+            try:
+                await on_msgs(msgs, puller)
+            finally:
+                slots.release()
+
+        try:
+            while not self._stopping.is_set():
+                await slots.acquire()
+                try:
+                    msgs = await puller.fetch(batch, timeout_s=0.5, fill_s=fill_s,
+                                              busy=lambda: bool(running))
+                except (nats.errors.ConnectionClosedError, nats.errors.DrainTimeoutError):
+                    slots.release()
+                    return
+                except Exception as exc:  # reconnecting, leader change: wait and retry
+                    slots.release()
+                    self._log.warning("fetch failed", durable=durable, error=str(exc))
+                    await asyncio.sleep(0.5)
+                    continue
+                if not msgs:
+                    slots.release()
+                    continue
+                if inflight == 1:
+                    await handle(msgs)
+                else:
+                    task = asyncio.create_task(handle(msgs))
+                    running.add(task)
+                    task.add_done_callback(running.discard)
+        finally:
+            if running:  # let batches in flight finish: their effect is durable, ack it
+                await asyncio.gather(*running, return_exceptions=True)
+
+    # ------------------------------------------------------------------ handling
+
+    async def _dispatch(self, msgs: list[Msg], handler: EventHandler | None,
+                        batch_handler: BatchHandler | None, max_deliver: int) -> None:
+        self.stats.delivered += len(msgs)
+        good: list[tuple[Msg, Event]] = []
+        for msg in msgs:
+            reason = self._refusal(msg)
+            if isinstance(reason, str):
+                await self.bus.dead_letter(msg, reason)
+                await msg.ack()
+            else:
+                good.append((msg, reason))
+                self._check_stamp(msg, reason)
+        if batch_handler is not None:
+            batch = [(e, m.metadata.sequence.stream) for m, e in good]
+            await self._run(batch_handler, batch, [m for m, _ in good], max_deliver)
+        else:
+            assert handler is not None
+            for msg, event in good:
+                await self._run(handler, event, [msg], max_deliver)
+
+    def _refusal(self, msg: Msg) -> Event | str:
+        """The event in ``msg``, or why this consumer refuses it."""
+        read = event_or_reason(msg.subject, msg.data)
+        if isinstance(read, str):
+            return read
+        event, unknown = read
+        for path in unknown:
+            self.stats.unknown_fields[path] = self.stats.unknown_fields.get(path, 0) + 1
+        return event
+
+    def _check_stamp(self, msg: Msg, event: Event) -> None:
+        """Flag an event stamped far from when the server stored it: the
+        server's clock, not the sender's and not ours (replayed after a
+        restart, every event is old here and that is no fault of its sender).
+        Consumers must not order or time anything by such a stamp."""
+        if not msg.reply:
+            return
+        stored = msg.metadata.timestamp.timestamp()
+        off_s = event.time.timestamp() - stored
+        limit = self.bus.clock_skew_s
+        if abs(off_s) <= limit:
+            return
+        key = event.source[:64]
+        skewed = self.stats.skewed
+        if key not in skewed and len(skewed) >= 100:
+            key = "(other sources)"
+        count = skewed[key] = skewed.get(key, 0) + 1
+        if count & (count - 1) == 0:  # the 1st, 2nd, 4th, 8th ...: a clock stays wrong
+            self._log.warning("event stamped beyond the clock skew", source=event.source,
+                              type=event.type, off_s=round(off_s, 3), limit_s=limit, seen=count)
+
+    async def _run(self, fn: Callable[[Any], Awaitable[None]], arg: Any, msgs: list[Msg],
+                   max_deliver: int) -> None:
+        if not msgs:
+            return
+        try:
+            await fn(arg)
+        except asyncio.CancelledError:
+            await _give_back(msgs)
+            raise
+        except Exception as exc:
+            await self._failed(msgs, exc, max_deliver)
+            return
+        for msg in msgs:
+            await msg.ack()
+        self.stats.handled += len(msgs)
+
+    async def _run_raw(self, fn: RawBatchHandler, msgs: list[Msg], max_deliver: int,
+                       puller: Puller) -> None:
+        try:
+            refused = await fn(msgs)
+        except asyncio.CancelledError:
+            await _give_back(msgs)
+            raise
+        except Exception as exc:
+            await self._failed(msgs, exc, max_deliver)
+            return
+        for msg, reason in refused:
+            await self.bus.dead_letter(msg, reason)
+        await puller.ack(msgs)
+        self.stats.handled += len(msgs) - len(refused)
+
+    async def _failed(self, msgs: list[Msg], exc: Exception, max_deliver: int) -> None:
+        self._log.exception("handler failed", subject=msgs[0].subject, error=repr(exc))
+        for msg in msgs:
+            if msg.metadata.num_delivered >= max_deliver:
+                await self.bus.dead_letter(msg, f"handler failed {max_deliver} times: {exc!r}")
+                await msg.ack()
+            else:
+                await msg.nak(delay=0.5 * msg.metadata.num_delivered)
+
+    # ------------------------------------------------------------------ stopping
+
+    async def stop(self) -> None:
+        """Let every consumer finish its current batch, then stop fetching."""
+        self._stopping.set()
+        if self._tasks:
+            done, pending = await asyncio.wait(self._tasks, timeout=5)
+            for task in pending:
+                task.cancel()
+            for task in done:
+                if not task.cancelled() and task.exception() is not None:
+                    self._log.error("consumer ended with error", error=repr(task.exception()))
+        self._tasks.clear()
+        # A pull subscription's inbox would block drain() forever: drop it first.
+        for puller in self._pullers:
+            with contextlib.suppress(Exception):
+                await puller.stop()
+        self._pullers.clear()
+
+
+def event_or_reason(subject: str, data: bytes) -> tuple[Event, tuple[str, ...]] | str:
+    """What a consumer makes of a message on ``subject``: the event and the
+    paths of fields its version does not define, or the reason it is
+    refused (one line: not an event, a newer version, or not this subject's
+    event). Pure."""
+    try:
+        event, unknown = read_event(data)
+    except UnsupportedVersion as exc:
+        return str(exc)
+    except (ValidationError, ValueError, RecursionError) as exc:
+        return f"invalid event: {_short(exc)}"
+    if event.subject != subject:
+        return (f"a {event.type} event does not belong on {subject[:MAX_ORIGIN_CHARS]} "
+                f"(its subject is {event.subject})")
+    return event, unknown
+
+
+async def _give_back(msgs: list[Msg]) -> None:
+    """A handler cancelled mid-way (the service stops): hand its messages
+    back now, so the next consumer gets them without waiting out the ack
+    wait (the bench agent's is 30 minutes). Handlers are idempotent."""
+    for msg in msgs:
+        with contextlib.suppress(Exception):
+            await msg.nak()
+
+
+def _short(exc: BaseException) -> str:
+    text = str(exc).replace("\n", "; ")
+    return text[:500]

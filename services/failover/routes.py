@@ -1,0 +1,51 @@
+"""What failover hears, says and keeps."""
+
+from __future__ import annotations
+
+from libs.events import (
+    BenchResult,
+    FaultClosed,
+    FaultMitigated,
+    FaultOpened,
+    FaultRecovered,
+    JobCompleted,
+    JobFailed,
+    JobPlaced,
+    JobPreempted,
+    JobRecover,
+    JobTelemetry,
+    LensAlert,
+    LogRecord,
+    NodeHeartbeat,
+    NodeRegistered,
+    NodeStateChanged,
+    WorkerExited,
+)
+from libs.records import FAULTS, NODES
+from libs.routes import Consumer, On, Routes
+from libs.topology import CONTROL, TELEMETRY
+
+ROUTES = Routes(
+    service="failover",
+    summary="fault detection and recovery: opens, mitigates and closes faults, times them",
+    consumes=(
+        Consumer("failover", CONTROL, (
+            On(NodeHeartbeat, "on_heartbeat"),
+            On(NodeRegistered, "on_node_registered"),
+            On(NodeStateChanged, "on_node_state"),
+            On(JobPlaced, "on_job_placed"),
+            On(JobCompleted, "on_job_ended"),
+            On(JobFailed, "on_job_ended"),
+            On(JobPreempted, "on_job_ended"),
+            On(BenchResult, "on_bench_result"),
+            On(WorkerExited, "on_worker_exited"),
+            On(LensAlert, "on_lens_alert"),
+        ), batch=256, summary="every fault source, in stream order"),
+        Consumer("failover-steps", TELEMETRY, (On(JobTelemetry, "on_job_steps"),),
+                 mode="batch", batch=1024,
+                 summary="training steps: the first after a recovery ends it"),
+    ),
+    publishes=(FaultOpened, FaultMitigated, FaultRecovered, FaultClosed, JobRecover, LogRecord),
+    owns=(FAULTS,),
+    reads=(NODES,),  # only registered nodes are judged
+)

@@ -1,0 +1,29 @@
+"""What lens-collector hears, says and keeps."""
+
+from __future__ import annotations
+
+from libs.events import EVENT_TYPES, LensAlert, LogRecord
+from libs.routes import Consumer, On, Routes, Serve, events_of
+from libs.topology import CONTROL, TELEMETRY
+from services.lens_collector.protocol import LENS_QUERY
+
+ALERTS_ROLE = "lens-alerts"  # the replica that evaluates the alert rules (libs.leader)
+
+ROUTES = Routes(
+    service="lens-collector",
+    summary="telemetry and history into ClickHouse, named queries, alert rules; replicas "
+            "share the work",
+    consumes=(
+        Consumer("lens-events", CONTROL,
+                 tuple(On(e, "on_events") for e in events_of(CONTROL, EVENT_TYPES)),
+                 mode="batch", batch=256, ack_wait_s=60,
+                 summary="every control event, into the history table"),
+        Consumer("lens-telemetry", TELEMETRY,
+                 tuple(On(e, "on_telemetry") for e in events_of(TELEMETRY, EVENT_TYPES)),
+                 mode="raw", batch=20000, fill_s=0.8, inflight=2,
+                 summary="node, job and log telemetry, handed to the engine as raw JSON"),
+    ),
+    publishes=(LensAlert, LogRecord),
+    serves=(Serve(LENS_QUERY, "on_query", queue="lens"),),
+    leases=(ALERTS_ROLE,),
+)

@@ -1,0 +1,45 @@
+"""What the scheduler hears, says and keeps."""
+
+from __future__ import annotations
+
+from libs.events import (
+    JobCompleted,
+    JobFailed,
+    JobPending,
+    JobPlaced,
+    JobPreempted,
+    JobRecover,
+    JobSubmitted,
+    LogRecord,
+    NodeRegistered,
+    NodeStateChanged,
+    WorkerExited,
+    WorkerStarted,
+)
+from libs.records import JOBS, NODES
+from libs.routes import Consumer, On, Routes, Serve
+from libs.topology import CONTROL
+from services.scheduler.protocol import ADMISSION
+
+ROUTES = Routes(
+    service="scheduler",
+    summary="job lifecycle, queues and placement; launches gangs through the cluster driver "
+            "(one leader acts)",
+    consumes=(
+        Consumer("scheduler", CONTROL, (
+            On(NodeRegistered, "on_node_registered"),
+            On(NodeStateChanged, "on_node_state"),
+            On(JobSubmitted, "on_job_submitted"),
+            On(JobRecover, "on_job_recover"),
+            On(WorkerExited, "on_worker_exited"),
+        ), leader=True, summary="nodes, jobs and workers, in stream order"),
+    ),
+    # The cluster drivers run inside the scheduler and report the workers
+    # they start and see exit; every service may ship its log lines.
+    publishes=(JobPlaced, JobPending, JobPreempted, JobCompleted, JobFailed,
+               WorkerStarted, WorkerExited, LogRecord),
+    owns=(JOBS,),
+    reads=(NODES,),
+    serves=(Serve(ADMISSION, "on_admission", queue="scheduler", leader=True),),
+    leases=("scheduler",),
+)
