@@ -77,7 +77,8 @@ def architecture_table(tables: tuple[Routes, ...] = SERVICES) -> str:
             for c in t.consumes]))
         rows["says"].append(_events(t.publishes))
         rows["keeps"].append(_cell([f"`{b.name}`" for b in t.owns]))
-        rows["reads"].append(_cell([f"`{b.name}`" for b in t.reads]))
+        rows["reads"].append(_cell([f"`{b.name}`" for b in t.reads]
+                                   + [f"`{event_type_name(e)}` (last)" for e in t.rereads]))
         rows["answers"].append(_cell([f"`{s.endpoint.subject}`" for s in t.serves]))
         rows["asks"].append(_cell([f"`{e.subject}`" for e in t.calls]))
         rows["leads"].append(_cell([f"`{lease}`" for lease in t.leases]))

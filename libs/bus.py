@@ -59,7 +59,7 @@ from libs.events import Event, encode_event, parse_event
 from libs.kv import Records
 from libs.logs import get_logger
 from libs.records import BucketSpec, R
-from libs.routes import Endpoint, Reply, Routes
+from libs.routes import Endpoint, Reply, Routes, subject_matches
 from libs.topology import (  # noqa: F401  (the bus's names for them)
     CONTROL,
     DEADLETTER,
@@ -353,6 +353,22 @@ class Bus:
                 f"{self.max_payload} bytes per message (the server's max_payload)")
         ack = await self.js.publish(event.subject, body, headers=headers)
         return not ack.duplicate
+
+    async def stored(self, cls: type[Event], *, node: str | None = None,
+                     job: str | None = None) -> bool:
+        """Whether the stream holds a ``cls`` event for these keys (its own
+        events a service reads back, ``Routes.rereads``)."""
+        if self.routes is not None and cls not in self.routes.rereads:
+            raise UndeclaredRoute(f"{self.service} reads back {cls.__name__} but its route "
+                                  "table does not say so: add it to the table's rereads")
+        subject = cls.subject_template.format(root="safe", node=node, job=job)
+        stream = next(s for s in STREAMS if any(subject_matches(p, subject)
+                                                for p in s.subjects))
+        try:
+            await self.js.get_last_msg(stream.name, subject)
+        except nats.js.errors.NotFoundError:
+            return False
+        return True
 
     # ------------------------------------------------------------------ consume
 

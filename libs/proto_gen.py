@@ -66,7 +66,7 @@ def _model_schema(model: type[BaseModel], defs: dict[str, Any]) -> dict[str, Any
 def operations(tables: Iterable[Routes]) -> dict[str, dict[str, Any]]:
     """One AsyncAPI operation per route-table entry, keyed
     ``<service>.<verb>.<what>`` (verbs: publishes, consumes, serves, calls,
-    listens)."""
+    listens, rereads)."""
     ops: dict[str, dict[str, Any]] = {}
 
     def add(key: str, op: dict[str, Any]) -> None:
@@ -112,6 +112,10 @@ def operations(tables: Iterable[Routes]) -> dict[str, dict[str, Any]]:
             add(f"{t.service}.listens.{event_type_name(cls)}", {
                 "action": "receive", "channel": {"$ref": f"#/channels/{event_channel(cls)}"},
                 "summary": "watched live (a core subscription, no history)"})
+        for cls in t.rereads:
+            add(f"{t.service}.rereads.{event_type_name(cls)}", {
+                "action": "receive", "channel": {"$ref": f"#/channels/{event_channel(cls)}"},
+                "summary": "the last one for a key, looked up in its stream"})
     return ops
 
 

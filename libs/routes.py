@@ -21,8 +21,9 @@ Everything here is pure data.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -147,8 +148,6 @@ class Endpoint:
     @property
     def pattern(self) -> str:
         """The subject with every key as ``*`` (what permissions name)."""
-        import re
-
         return re.sub(r"\{[a-z_]+\}", "*", self.subject)
 
     def at(self, **keys: str) -> str:
@@ -210,9 +209,9 @@ class Routes:
     serves: tuple[Serve, ...] = ()
     calls: tuple[Endpoint, ...] = ()  # endpoints it requests or sends to
     listens: tuple[type[Event], ...] = ()  # events it watches live (core subscription)
+    rereads: tuple[type[Event], ...] = ()  # its own events it looks up in their stream
     leases: tuple[str, ...] = ()  # roles it campaigns for (libs.leader)
     service_shell: bool = True  # runs under libs/service.py: topology, health
-    extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         names = [c.durable for c in self.consumes]

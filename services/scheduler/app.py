@@ -35,13 +35,10 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-from nats.js.errors import NotFoundError
-
-from libs.bus import CONTROL, Bus
+from libs.bus import Bus
 from libs.drivers.base import ClusterDriver
 from libs.drivers.local import LocalDriver
 from libs.events import (
-    SUBJECT_ROOT,
     Event,
     JobCompleted,
     JobEndedData,
@@ -518,12 +515,8 @@ class Scheduler:
         de-duplication window is dropped anyway)."""
         assert self.bus is not None
         kind = JobCompleted if job.status == "completed" else JobFailed
-        subject = kind.subject_template.format(root=SUBJECT_ROOT, node=None, job=job.id)
-        try:
-            await self.bus.js.get_last_msg(CONTROL.name, subject)
+        if await self.bus.stored(kind, job=job.id):
             return
-        except NotFoundError:
-            pass
         self._log.warning("end of job not in the stream; publishing it again", job=job.id)
         await self._publish(kind(
             id=f"{job.id}-{job.status}", source=SOURCE, job=job.id,

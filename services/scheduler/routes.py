@@ -38,6 +38,9 @@ ROUTES = Routes(
     # they start and see exit; every service may ship its log lines.
     publishes=(JobPlaced, JobPending, JobPreempted, JobCompleted, JobFailed,
                WorkerStarted, WorkerExited, LogRecord),
+    # A job's end, looked up before it is published again (an outage may
+    # have kept the first publish from going out).
+    rereads=(JobCompleted, JobFailed),
     owns=(JOBS,),
     reads=(NODES,),
     serves=(Serve(ADMISSION, "on_admission", queue="scheduler", leader=True),),

@@ -77,7 +77,8 @@ async def bucket(bus: Bus, name: str) -> dict[str, dict[str, Any]]:
 
 
 async def lens(bus: Bus, query: str, **params: object) -> list[dict[str, Any]]:
-    reply = await bus.request("safe.query.lens.query", {"query": query, "params": params}, timeout_s=20)
+    reply = await bus.request("safe.query.lens.query", {"query": query, "params": params},
+                              timeout_s=20)
     assert reply["ok"], reply
     return [dict(zip(reply["columns"], r, strict=True)) for r in reply["rows"]]
 

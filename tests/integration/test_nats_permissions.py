@@ -189,6 +189,8 @@ async def _exercise(r: Routes, secured: SecuredNats, admin: Bus) -> None:
             await admin.nc.publish(concrete(event_subject(cls)), b"not an event")  # skipped
             assert live.empty()
             await sub.unsubscribe()
+        for cls in r.rereads:  # a lookup the server lets through (an answer, not a refusal)
+            assert await bus.stored(cls, node="n1", job="j-none") is False
         for endpoint in r.calls:
             target = concrete(endpoint.pattern)
             served = await admin.serve(Endpoint(target, Empty, Reply, "test"), _ok)
