@@ -178,10 +178,10 @@ async def faststream_pull(url: str, count: int, *, batch: int,
                                   ack_policy=api.AckPolicy.EXPLICIT))
 
     @sub
-    async def handle(body: bytes, msg: NatsMessage) -> None:
+    async def handle(msg: NatsMessage) -> None:
         if handler_s:
             await asyncio.sleep(rng.uniform(0, handler_s))
-        seen.append((time.perf_counter(), json.loads(body)["data"]["seq"]))
+        seen.append((time.perf_counter(), json.loads(msg.body)["data"]["seq"]))
         await msg.ack()
         got.set()
 

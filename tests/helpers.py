@@ -23,6 +23,7 @@ from libs.events import (
     WorkerSlot,
 )
 from libs.records import JobRecord
+from libs.routes import subject_matches  # noqa: F401  (tests match subjects as NATS does)
 from libs.service import health_subject
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -118,15 +119,3 @@ def job_record(job: str, status: str, *nodes: str) -> bytes:
     return JobRecord(id=job, spec=spec, submitted_at=time.time(), status=status,  # type: ignore[arg-type]
                      slots=[WorkerSlot(rank=i, node=n, gpus=1) for i, n in enumerate(nodes)]
                      ).model_dump_json().encode()
-
-
-def subject_matches(pattern: str, subject: str) -> bool:
-    """NATS matching: ``*`` is one token, ``>`` the rest. A ``*`` in the
-    subject (a pattern the code subscribes to) needs ``*`` or ``>`` here."""
-    p, s = pattern.split("."), subject.split(".")
-    for i, token in enumerate(p):
-        if token == ">":
-            return len(s) > i
-        if i >= len(s) or (token != "*" and token != s[i]):
-            return False
-    return len(p) == len(s)

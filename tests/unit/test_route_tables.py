@@ -180,3 +180,12 @@ def test_the_readme_shows_the_current_tables() -> None:
     assert readme_with_table(text) == text, (
         "README.md's Architecture table is out of date: run python -m cli.catalog --write")
     assert architecture_table().count("\n| ") == 7  # hears, says, keeps, reads, answers, ...
+
+
+def test_subject_matching() -> None:
+    from libs.routes import subject_matches
+
+    assert subject_matches("safe.query.bench.share.*", "safe.query.bench.share.*")
+    assert subject_matches("safe.query.>", "safe.query.bench.pair")
+    assert not subject_matches("safe.query.bench.pair", "safe.query.bench.*")
+    assert not subject_matches("safe.health.x", "safe.health.x.n1")
