@@ -228,9 +228,9 @@ def dispatch(args: argparse.Namespace) -> int:
         return 0
     if args.verb in ("faults", "failover"):
         faults = asyncio.run(listing(FAULTS))
-        rows = [r.model_dump(mode="json", exclude={"version", "timings"}) for r in faults]
+        rows = [r.model_dump(mode="json", exclude={"version"}) for r in faults]
         if args.verb == "failover":
-            rows = [{**row, **r.timings} for row, r in zip(rows, faults, strict=True)
+            rows = [{**row, **r.timings()} for row, r in zip(rows, faults, strict=True)
                     if r.failover and r.jobs]
             print_rows(rows, args.json, ["fault_id", "key", "kind", "status", "jobs",
                                          "detection_s", "mitigation_s", "replacement_s",

@@ -248,7 +248,7 @@ async def _demo(stack: EmbeddedStack, job_file: str) -> dict[str, Any]:
             fault = (await read_bucket(bus, FAULTS, missing_ok=True)).get(opened.fault_id)
             return fault if fault and fault.first_step_at else None
 
-        timings = (await _poll(recovered, "failover to time the recovery", 30)).timings
+        timings = (await _poll(recovered, "failover to time the recovery", 30)).timings()
     finally:
         await bus.close()
     return {

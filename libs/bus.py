@@ -58,8 +58,8 @@ from libs.consume import (
 from libs.events import Event, encode_event, parse_event
 from libs.kv import Records
 from libs.logs import get_logger
-from libs.records import BucketSpec, R
-from libs.routes import Endpoint, Reply, Routes, subject_matches
+from libs.records import BUCKETS, BucketSpec, R
+from libs.routes import Endpoint, Reply, Routes, event_subject
 from libs.topology import (  # noqa: F401  (the bus's names for them)
     CONTROL,
     DEADLETTER,
@@ -69,6 +69,7 @@ from libs.topology import (  # noqa: F401  (the bus's names for them)
     STREAMS,
     TELEMETRY,
     StreamSpec,
+    stream_of,
 )
 
 __all__ = ["CONTROL", "DEADLETTER", "TELEMETRY", "Bus", "ConsumerStats", "MessageTooLarge",
@@ -161,13 +162,17 @@ def _unrecoverable(exc: Exception) -> bool:
 
 
 class Served:
-    """An endpoint being answered; ``stop`` stops answering."""
+    """An endpoint being answered; ``stop`` stops answering (and the bus
+    forgets it: a leader's endpoints come and go with its terms)."""
 
-    def __init__(self, subject: str, subscriber: Any) -> None:
+    def __init__(self, subject: str, subscriber: Any, served: set[Served]) -> None:
         self.subject = subject
         self._subscriber = subscriber
+        self._served = served
+        served.add(self)
 
     async def stop(self) -> None:
+        self._served.discard(self)
         with contextlib.suppress(Exception):
             await self._subscriber.stop()
 
@@ -189,7 +194,7 @@ class Bus:
         self.stats = ConsumerStats()
         self.consumers = Consumers(self)
         self._groups: list[Consumers] = [self.consumers]
-        self._served: list[Served] = []
+        self._served: set[Served] = set()
         self._log = get_logger(component="bus")
 
     # ------------------------------------------------------------------ setup
@@ -318,11 +323,10 @@ class Bus:
                 await self.js.add_stream(spec.config(replicas))
             except nats.js.errors.BadRequestError:
                 await self.js.update_stream(spec.config(replicas))
-        for bucket, description in KV_BUCKETS.items():
-            await self.js.create_key_value(
-                api.KeyValueConfig(bucket=bucket, description=description, history=5,
-                                   storage=api.StorageType.FILE, replicas=replicas)
-            )
+        for bucket in BUCKETS:
+            await self.js.create_key_value(api.KeyValueConfig(
+                bucket=bucket.name, description=bucket.description, history=bucket.history,
+                storage=api.StorageType.FILE, replicas=replicas))
 
     async def records(self, spec: BucketSpec[R]) -> Records[R]:
         """A bucket as typed records (``libs.records``), written revision-checked."""
@@ -361,9 +365,9 @@ class Bus:
         if self.routes is not None and cls not in self.routes.rereads:
             raise UndeclaredRoute(f"{self.service} reads back {cls.__name__} but its route "
                                   "table does not say so: add it to the table's rereads")
-        subject = cls.subject_template.format(root="safe", node=node, job=job)
-        stream = next(s for s in STREAMS if any(subject_matches(p, subject)
-                                                for p in s.subjects))
+        subject = event_subject(cls, **{k: v for k, v in (("node", node), ("job", job)) if v})
+        stream = stream_of(subject)
+        assert stream is not None, f"no stream keeps {subject}"
         try:
             await self.js.get_last_msg(stream.name, subject)
         except nats.js.errors.NotFoundError:
@@ -469,8 +473,7 @@ class Bus:
                                             title=subject, include_in_schema=False)
         subscriber(answer)
         await subscriber.start()
-        served = Served(subject, subscriber)
-        self._served.append(served)
+        served = Served(subject, subscriber, self._served)
         try:
             await self.flush()  # answering once this returns, to any connection
         except (nats.errors.Error, TimeoutError) as exc:
@@ -517,8 +520,7 @@ class Bus:
         if self.routes is not None and cls not in self.routes.listens:
             raise UndeclaredRoute(f"{self.service} listens to {cls.__name__} but its route "
                                   "table does not say so: add it to the table's listens")
-        keys = {"node": node or "*", "job": job or "*"}
-        subject = cls.subject_template.format(root="safe", **keys)
+        subject = event_subject(cls, **{k: v for k, v in (("node", node), ("job", job)) if v})
 
         async def on_msg(msg: Msg) -> None:
             try:
@@ -577,9 +579,8 @@ class Bus:
         for group in list(self._groups):
             await group.stop()
         self._groups = [self.consumers]
-        for served in self._served:
+        for served in list(self._served):
             await served.stop()
-        self._served.clear()
 
     async def close(self) -> None:
         """Stop consumers, then drain the connection (flushes what is pending)."""

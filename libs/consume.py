@@ -46,6 +46,7 @@ BatchHandler = Callable[[list[tuple[Event, int]]], Awaitable[None]]
 # each with the reason (they are dead-lettered); the rest are acked.
 RawBatchHandler = Callable[[list[Msg]], Awaitable[list[tuple[Msg, str]]]]
 MAX_ORIGIN_CHARS = 512
+_FAILED = object()  # a handler that raised (see Consumers._handled)
 
 
 @dataclass
@@ -256,34 +257,33 @@ class Consumers:
 
     async def _run(self, fn: Callable[[Any], Awaitable[None]], arg: Any, msgs: list[Msg],
                    max_deliver: int) -> None:
-        if not msgs:
-            return
-        try:
-            await fn(arg)
-        except asyncio.CancelledError:
-            await _give_back(msgs)
-            raise
-        except Exception as exc:
-            await self._failed(msgs, exc, max_deliver)
-            return
-        for msg in msgs:
-            await msg.ack()
-        self.stats.handled += len(msgs)
+        if msgs and await self._handled(fn(arg), msgs, max_deliver) is not _FAILED:
+            for msg in msgs:
+                await msg.ack()
+            self.stats.handled += len(msgs)
 
     async def _run_raw(self, fn: RawBatchHandler, msgs: list[Msg], max_deliver: int,
                        puller: Puller) -> None:
-        try:
-            refused = await fn(msgs)
-        except asyncio.CancelledError:
-            await _give_back(msgs)
-            raise
-        except Exception as exc:
-            await self._failed(msgs, exc, max_deliver)
+        refused = await self._handled(fn(msgs), msgs, max_deliver)
+        if refused is _FAILED:
             return
         for msg, reason in refused:
             await self.bus.dead_letter(msg, reason)
         await puller.ack(msgs)
         self.stats.handled += len(msgs) - len(refused)
+
+    async def _handled(self, call: Awaitable[Any], msgs: list[Msg], max_deliver: int) -> Any:
+        """What the handler returned, or ``_FAILED`` once its messages were
+        given another try or dead-lettered; a cancelled handler hands them
+        back at once."""
+        try:
+            return await call
+        except asyncio.CancelledError:
+            await _give_back(msgs)
+            raise
+        except Exception as exc:
+            await self._failed(msgs, exc, max_deliver)
+            return _FAILED
 
     async def _failed(self, msgs: list[Msg], exc: Exception, max_deliver: int) -> None:
         self._log.exception("handler failed", subject=msgs[0].subject, error=repr(exc))

@@ -121,7 +121,7 @@ class Records(Generic[R]):
         value = record.model_dump_json().encode()
         try:
             return await self._write(key, value, self._revisions.get(key))
-        except (KeyWrongLastSequenceError, _Exists):
+        except KeyWrongLastSequenceError:  # also create()'s answer when the key exists
             pass
         try:
             current = await self.get(key)
@@ -140,10 +140,7 @@ class Records(Generic[R]):
 
     async def _write(self, key: str, value: bytes, revision: int | None) -> int:
         if revision is None:
-            try:
-                new = await self.kv.create(key, value)
-            except KeyWrongLastSequenceError:
-                raise _Exists from None
+            new = await self.kv.create(key, value)
         else:
             new = await self.kv.update(key, value, last=revision)
         self._revisions[key] = new
@@ -156,7 +153,3 @@ class Records(Generic[R]):
 
 def _short(exc: BaseException) -> str:
     return str(exc).replace("\n", "; ")[:300]
-
-
-class _Exists(Exception):
-    """create() found the key there already."""

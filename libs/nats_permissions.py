@@ -26,8 +26,8 @@ from pathlib import Path
 
 from libs.bus import dlq_subject
 from libs.records import LEASES
-from libs.routes import Consumer, Routes, event_subject, subject_matches
-from libs.topology import KV_BUCKETS, STREAMS
+from libs.routes import Consumer, Routes, event_subject
+from libs.topology import KV_BUCKETS, STREAMS, stream_of
 
 INBOX = "_INBOX.>"
 ANY_DURABLE = "*"  # a durable whose name carries a key (one per node)
@@ -113,9 +113,9 @@ def permissions(r: Routes, roles: Iterable[Routes] = ()) -> Permissions:
     if r.leases:  # read every lease, write only its own key
         pub += _kv_read(LEASES.name) + [f"$KV.{LEASES.name}.{key}" for key in r.leases]
     for cls in r.rereads:  # the last message on a subject: STREAM.MSG.GET, read only
-        stream = next(s for s in STREAMS if any(subject_matches(p, event_subject(cls))
-                                                for p in s.subjects))
-        pub += [f"$JS.API.STREAM.MSG.GET.{stream.name}"]
+        stream = stream_of(event_subject(cls))
+        assert stream is not None, f"no stream keeps {cls.__name__}"
+        pub.append(f"$JS.API.STREAM.MSG.GET.{stream.name}")
     for c in r.consumes:
         pub += _consumer(c)
     if r.consumes:

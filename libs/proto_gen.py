@@ -17,20 +17,12 @@ from pydantic import BaseModel
 
 from libs.events import EVENT_TYPES, SUBJECT_ROOT, Event, event_type_name
 from libs.inventory import render_hosts_schema
-from libs.routes import Endpoint, Routes, health_endpoint
-from libs.topology import STREAMS
+from libs.routes import Endpoint, Routes, event_subject, health_endpoint
+from libs.topology import stream_of
 
 
 def _channel_address(cls: type[Event]) -> str:
     return cls.subject_template.format(root=SUBJECT_ROOT, node="{node}", job="{job}")
-
-
-def _stream_of(address: str) -> str:
-    for spec in STREAMS:
-        for pattern in spec.subjects:
-            if address.startswith(pattern.removesuffix(">")):
-                return spec.name
-    raise ValueError(f"no stream holds {address}")
 
 
 def schemas() -> dict[str, dict[str, Any]]:
@@ -41,6 +33,13 @@ def schemas() -> dict[str, dict[str, Any]]:
         schema["x-subject"] = _channel_address(cls)
         out[event_type_name(cls)] = schema
     return out
+
+
+def _stream(cls: type[Event]) -> str:
+    stream = stream_of(event_subject(cls))
+    if stream is None:
+        raise ValueError(f"no stream keeps {event_type_name(cls)}")
+    return stream.name
 
 
 def _key(text: str) -> str:
@@ -142,7 +141,7 @@ def asyncapi(tables: Iterable[Routes]) -> dict[str, Any]:
         channels[key] = {
             "address": address,
             "messages": {key: {"$ref": f"#/components/messages/{key}"}},
-            "x-stream": _stream_of(address),
+            "x-stream": _stream(cls),
             **({"parameters": params} if params else {}),
         }
     endpoints: dict[str, Endpoint] = {}

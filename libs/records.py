@@ -133,7 +133,9 @@ class JobRecord(Record):
 
 
 class FaultRecord(Record):
-    """A fault and the timings of its recovery. Written by failover only."""
+    """A fault and what its recovery took. Failover's fault book keeps these
+    records themselves (``services/failover/faults.py``); written by
+    failover only."""
 
     fault_id: str
     kind: str
@@ -150,9 +152,20 @@ class FaultRecord(Record):
     replaced_at: dict[str, float] = Field(default_factory=dict, description="job -> re-placement")
     replaced_attempt: dict[str, int] = Field(default_factory=dict)
     first_step_at: dict[str, float] = Field(default_factory=dict, description="job -> first step")
-    timings: dict[str, float | None] = Field(
-        default_factory=dict, description="seconds from last_good: detection_s, mitigation_s, "
-        "replacement_s, first_step_s")
+
+    def timings(self) -> dict[str, float | None]:
+        """Seconds from the last healthy sign: detection, mitigation (the node
+        quarantined, or the job told to restart), re-placement, first step."""
+        def since(t: float | None) -> float | None:
+            return None if t is None else round(t - self.last_good, 3)
+
+        return {
+            "detection_s": since(self.opened_at),
+            "mitigation_s": since(self.mitigated_at),
+            "replacement_s": since(min(self.replaced_at.values(), default=None)),
+            "first_step_s": since(max(self.first_step_at.values(), default=None)
+                                  if len(self.first_step_at) == len(self.jobs) else None),
+        }
 
 
 # --------------------------------------------------------------------------- bench

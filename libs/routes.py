@@ -30,7 +30,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from libs.events import EVENT_TYPES, SUBJECT_ROOT, Event, event_type_name
 from libs.records import BucketSpec
-from libs.topology import StreamSpec
+from libs.topology import StreamSpec, stream_of, subject_matches
 
 # A durable with this key in its name exists once per node (bench agents).
 NODE_KEY = "{node}"
@@ -84,7 +84,7 @@ class Consumer:
         if self.mode != "each" and len({o.handler for o in self.on}) != 1:
             raise ValueError(f"consumer {self.durable}: a {self.mode} consumer has one handler")
         for o in self.on:
-            if not any(_matches(p, event_subject(o.event)) for p in self.stream.subjects):
+            if stream_of(event_subject(o.event)) != self.stream:
                 raise ValueError(f"consumer {self.durable}: {event_type_name(o.event)} is not "
                                  f"in stream {self.stream.name}")
 
@@ -254,31 +254,15 @@ class Routes:
         return cls in self.publishes
 
     def may_call(self, subject: str) -> bool:
-        return any(_matches(e.pattern, subject) for e in self.calls)
+        return any(subject_matches(e.pattern, subject) for e in self.calls)
 
     def may_serve(self, subject: str) -> bool:
-        if self.service_shell and _matches(f"{health_endpoint(self.service).subject}.*",
-                                           subject):
+        own_health = f"{health_endpoint(self.service).subject}.*"
+        if self.service_shell and subject_matches(own_health, subject):
             return True  # a replica's (or a node's agent's) own health subject
-        return any(_matches(e.pattern, subject) for e in self.endpoints)
-
-
-def _matches(pattern: str, subject: str) -> bool:
-    """NATS matching: ``*`` is one token, ``>`` the rest. A ``*`` in
-    ``subject`` (itself a pattern) needs ``*`` or ``>`` in ``pattern``."""
-    p, s = pattern.split("."), subject.split(".")
-    for i, token in enumerate(p):
-        if token == ">":
-            return len(s) > i
-        if i >= len(s) or (token != "*" and token != s[i]):
-            return False
-    return len(p) == len(s)
-
-
-subject_matches = _matches
+        return any(subject_matches(e.pattern, subject) for e in self.endpoints)
 
 
 def events_of(stream: StreamSpec, events: Iterable[type[Event]]) -> tuple[type[Event], ...]:
     """The event classes whose subjects lie in ``stream``."""
-    return tuple(e for e in events
-                 if any(_matches(p, event_subject(e)) for p in stream.subjects))
+    return tuple(e for e in events if stream_of(event_subject(e)) == stream)

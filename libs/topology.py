@@ -1,6 +1,7 @@
 """Where things live on the bus: the JetStream streams and the KV buckets
-every service declares at start (``Bus.ensure_topology``), and the roots of
-the core-NATS subjects outside every stream (health, queries). Pure data."""
+every service declares at start (``Bus.ensure_topology``), the roots of the
+core-NATS subjects outside every stream (health, queries), and which stream
+keeps a subject. Pure."""
 
 from __future__ import annotations
 
@@ -51,3 +52,22 @@ KV_BUCKETS: dict[str, str] = {b.name: b.description for b in BUCKETS}
 HEALTH_SUBJECT = SUBJECT_ROOT + ".health.{service}"
 # Request-reply queries live outside every stream's subjects.
 QUERY_SUBJECT = SUBJECT_ROOT + ".query.{name}"
+
+
+def subject_matches(pattern: str, subject: str) -> bool:
+    """NATS matching: ``*`` is one token, ``>`` the rest. A ``*`` in
+    ``subject`` (itself a pattern) needs ``*`` or ``>`` in ``pattern``."""
+    p, s = pattern.split("."), subject.split(".")
+    for i, token in enumerate(p):
+        if token == ">":
+            return len(s) > i
+        if i >= len(s) or (token != "*" and token != s[i]):
+            return False
+    return len(p) == len(s)
+
+
+def stream_of(subject: str) -> StreamSpec | None:
+    """The stream that keeps ``subject`` (None: core NATS only)."""
+    return next((s for s in STREAMS if any(subject_matches(p, subject) for p in s.subjects)),
+                None)
+

@@ -52,23 +52,24 @@ def bind(routes: Routes, target: object) -> dict[str, Callable[..., Awaitable[An
     """Every handler the table names, bound to ``target``; raises
     ``RouteMismatch`` for one that is missing or takes something else."""
     bound: dict[str, Callable[..., Awaitable[Any]]] = {}
+    owner = target.__name__ if isinstance(target, type) else type(target).__name__
     for name, (kind, takes) in routes.handlers.items():
         method = getattr(target, name, None)
         if method is None or not inspect.iscoroutinefunction(method):
             raise RouteMismatch(f"{routes.service}: the route table names {name}, but "
-                                f"{type(target).__name__} has no async method of that name")
+                                f"{owner} has no async method of that name")
         annotation = _first_param(method)
         if kind == "each":
             wanted = {o.event for c in routes.consumes for o in c.on if o.handler == name}
             if not wanted <= _accepts(annotation):
                 raise RouteMismatch(
-                    f"{type(target).__name__}.{name} takes {annotation}, but its routes bring "
+                    f"{owner}.{name} takes {annotation}, but its routes bring "
                     f"{', '.join(sorted(event_type_name(e) for e in wanted))}")
         elif kind == "serve" and annotation is not takes:
-            raise RouteMismatch(f"{type(target).__name__}.{name} takes {annotation}, but its "
+            raise RouteMismatch(f"{owner}.{name} takes {annotation}, but its "
                                 f"endpoint's request is {takes.__name__}")
         elif kind in ("batch", "raw") and typing.get_origin(annotation) is not list:
-            raise RouteMismatch(f"{type(target).__name__}.{name} takes {annotation}; a {kind} "
+            raise RouteMismatch(f"{owner}.{name} takes {annotation}; a {kind} "
                                 "handler takes the list of what was fetched")
         bound[name] = method
     return bound

@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Self
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -35,7 +35,7 @@ class RankEnv(BaseModel):
     master_port: int = Field(default=29500, ge=1, le=65535, alias="MASTER_PORT")
 
     @classmethod
-    def from_env(cls, environ: Mapping[str, str] | None = None) -> Any:
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> Self:
         """Read from ``environ`` (the process's environment by default);
         unset variables take their defaults (a script run by hand)."""
         env = os.environ if environ is None else environ

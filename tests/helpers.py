@@ -23,8 +23,8 @@ from libs.events import (
     WorkerSlot,
 )
 from libs.records import JobRecord
-from libs.routes import subject_matches  # noqa: F401  (tests match subjects as NATS does)
 from libs.service import health_subject
+from libs.topology import subject_matches  # noqa: F401  (tests match subjects as NATS does)
 
 ROOT = Path(__file__).resolve().parents[1]
 

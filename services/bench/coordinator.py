@@ -309,10 +309,10 @@ class BenchCoordinator:
 
     # ------------------------------------------------------------------ report
 
-    def report(self) -> list[dict[str, Any]]:
+    def report(self) -> list[FleetRow]:
         """Every judged figure of every node's latest run per level against the
         median of its GPU model and level, worst deviation first."""
-        rows: list[dict[str, Any]] = []
+        rows: list[FleetRow] = []
         levels = sorted({lvl for r in self.latest.values() for lvl in r.levels})
         for level in levels:
             figures = [NodeFigure(n, run.gpu_model or run.device, f.name, f.value, f.unit)
@@ -323,18 +323,16 @@ class BenchCoordinator:
                 record = self.latest[d.node]
                 run = record.levels[level]
                 verdict = record.verdict
-                rows.append({
-                    "node": d.node, "gpu_model": d.gpu_model, "level": level, "name": d.name,
-                    "value": d.value, "unit": d.unit, "median": d.median,
-                    "relative": d.relative, "robust_z": d.robust_z, "flagged": d.flagged,
-                    "peers": d.peers, "passed": run.passed,
-                    "outcome": (verdict.outcome if verdict else None) or run.outcome,
-                    "verdict": verdict.reason if verdict else "",
-                })
-        return sorted(rows, key=lambda r: (r["relative"], r["node"], r["name"]))
+                rows.append(FleetRow(
+                    node=d.node, gpu_model=d.gpu_model, level=level, name=d.name,
+                    value=d.value, unit=d.unit, median=d.median, relative=d.relative,
+                    robust_z=d.robust_z, flagged=d.flagged, peers=d.peers, passed=run.passed,
+                    outcome=(verdict.outcome if verdict else None) or run.outcome,
+                    verdict=verdict.reason if verdict else ""))
+        return sorted(rows, key=lambda r: (r.relative, r.node, r.name))
 
     async def on_report(self, _: Empty) -> FleetReport:
-        return FleetReport(rows=[FleetRow.model_validate(row) for row in self.report()])
+        return FleetReport(rows=self.report())
 
     async def stop(self) -> None:
         if self._follow_task is not None:

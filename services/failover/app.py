@@ -53,8 +53,6 @@ from services.failover.faults import (
     Fault,
     FaultBook,
     classify_exit,
-    from_record,
-    to_record,
 )
 from services.failover.routes import ROUTES
 from services.failover.rules import HeartbeatMonitor
@@ -90,8 +88,7 @@ class Failover:
         for node in await (await bus.records(NODES)).keys():
             self.monitor.watch(node, started)
         self.kv = await bus.records(FAULTS)
-        for key, record in (await self.kv.load()).items():
-            self.book.faults[key] = from_record(record)
+        self.book.faults = await self.kv.load()
         await wire(bus, ROUTES, self)
         self._task = asyncio.create_task(self._watch())
 
@@ -236,7 +233,7 @@ class Failover:
         """Failover's fault book is the truth: its record stands over one
         written meanwhile (another failover during a rolling restart), logged."""
         assert self.kv is not None
-        await self.kv.put(fault.fault_id, to_record(fault), on_conflict=lambda _: None)
+        await self.kv.put(fault.fault_id, fault, on_conflict=lambda _: None)
 
     async def stop(self) -> None:
         if self._task is not None:

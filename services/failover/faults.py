@@ -14,16 +14,15 @@ recovery: detection, mitigation, re-placement and first training step.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Literal
 
 from pydantic import Field
 
 from libs.events import Frozen
-from libs.records import FaultRecord
+from libs.records import FaultRecord as Fault  # the book keeps the bucket's records
 
 Scope = Literal["node", "job"]
-Status = Literal["opened", "mitigated", "closed"]
 
 
 class FaultRule(Frozen):
@@ -65,48 +64,6 @@ def classify_exit(code: int, infra_codes: list[int]) -> Literal["ok", "infra", "
     if code == 0:
         return "ok"
     return "infra" if code in infra_codes else "user"
-
-
-@dataclass
-class Fault:
-    fault_id: str
-    kind: str
-    scope: Scope
-    key: str  # the node or the job
-    reason: str
-    jobs: list[str]
-    failover: bool
-    last_good: float  # when the key was last seen healthy (detection starts there)
-    opened_at: float
-    status: Status = "opened"
-    mitigated_at: float | None = None
-    closed_at: float | None = None
-    replaced_at: dict[str, float] = field(default_factory=dict)  # job -> re-placement
-    replaced_attempt: dict[str, int] = field(default_factory=dict)
-    first_step_at: dict[str, float] = field(default_factory=dict)  # job -> first new step
-
-    def timings(self) -> dict[str, float | None]:
-        """Seconds from the last healthy sign: detection, mitigation (the node
-        quarantined, or the job told to restart), re-placement, first step."""
-        def since(t: float | None) -> float | None:
-            return None if t is None else round(t - self.last_good, 3)
-
-        return {
-            "detection_s": since(self.opened_at),
-            "mitigation_s": since(self.mitigated_at),
-            "replacement_s": since(min(self.replaced_at.values(), default=None)),
-            "first_step_s": since(max(self.first_step_at.values(), default=None)
-                                  if len(self.first_step_at) == len(self.jobs) else None),
-        }
-
-
-def to_record(fault: Fault) -> FaultRecord:
-    """The fault as the ``faults`` bucket keeps it, with its timings."""
-    return FaultRecord(**asdict(fault), timings=fault.timings())
-
-
-def from_record(record: FaultRecord) -> Fault:
-    return Fault(**record.model_dump(exclude={"version", "timings"}))
 
 
 @dataclass(frozen=True)

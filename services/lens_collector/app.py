@@ -24,16 +24,13 @@ from typing import Any
 
 from clickhouse_connect.driver.client import Client
 from nats.aio.msg import Msg
-from pydantic import ValidationError
 
-from libs.bus import Bus
+from libs.bus import Bus, event_or_reason
 from libs.events import (
     Event,
     JobCompleted,
     JobFailed,
     JobPreempted,
-    UnsupportedVersion,
-    parse_event,
 )
 from libs.leader import LeaderElection
 from libs.logs import get_logger
@@ -150,19 +147,12 @@ class LensCollector:
                 msg.data, event_id, msg.subject[len(route.prefix):], _delivered(msg), msg))
         refused: list[tuple[Msg, str]] = early + await self._store(self._ingest, groups)
         events: list[tuple[Event, int]] = []
-        for msg in others:  # not telemetry after all: validate, keep as an event
-            try:
-                event = parse_event(msg.data)
-            except UnsupportedVersion as exc:
-                refused.append((msg, str(exc)))
-                continue
-            except (ValidationError, ValueError, RecursionError) as exc:
-                refused.append((msg, f"invalid event: {str(exc)[:500]}"))
-                continue
-            if event.subject != msg.subject:
-                refused.append((msg, f"a {event.type} event does not belong on {msg.subject}"))
-                continue
-            events.append((event, msg.metadata.sequence.stream))
+        for msg in others:  # not telemetry after all: read as every consumer reads events
+            read = event_or_reason(msg.subject, msg.data)
+            if isinstance(read, str):
+                refused.append((msg, read))
+            else:
+                events.append((read[0], msg.metadata.sequence.stream))
         if events:
             await self._store(self._insert_rows, rows_for(events))
         self.refused += len(refused)

@@ -26,7 +26,14 @@ from cli.catalog import ROLE_NAMES, ROLES, role
 from libs.bus import KV_BUCKETS, Bus
 from libs.drivers.local import free_port
 from libs.embedded import nats_server_binary, wait_for_port
-from libs.events import Event
+from libs.events import (
+    BenchResult,
+    BenchResultData,
+    Event,
+    HeartbeatData,
+    NodeHeartbeat,
+    encode_event,
+)
 from libs.leader import LEASES_BUCKET, LeaderElection
 from libs.nats_permissions import password_env, render_users
 from libs.routes import Empty, Endpoint, Reply, Routes, event_subject, health_endpoint
@@ -187,7 +194,9 @@ async def _exercise(r: Routes, secured: SecuredNats, admin: Bus) -> None:
             live: asyncio.Queue[Event] = asyncio.Queue()
             sub = await bus.listen(cls, live.put)
             await admin.nc.publish(concrete(event_subject(cls)), b"not an event")  # skipped
-            assert live.empty()
+            sample = LIVE_SAMPLES[cls]  # a KeyError: give the new listened event a sample
+            await admin.nc.publish(sample.subject, encode_event(sample))
+            assert await asyncio.wait_for(live.get(), 10) == sample  # heard, nothing before
             await sub.unsubscribe()
         for cls in r.rereads:  # a lookup the server lets through (an answer, not a refusal)
             assert await bus.stored(cls, node="n1", job="j-none") is False
@@ -198,6 +207,15 @@ async def _exercise(r: Routes, secured: SecuredNats, admin: Bus) -> None:
             await served.stop()
     finally:
         await bus.close()
+
+
+# One event of each class a role listens to live, as its sender would publish it.
+LIVE_SAMPLES: dict[type[Event], Event] = {
+    NodeHeartbeat: NodeHeartbeat(source="test", node="n1",
+                                 data=HeartbeatData(seq=1, pid=1, interval_s=1.0)),
+    BenchResult: BenchResult(source="test", node="n1", data=BenchResultData(
+        level="quick", passed=True, device="cpu", device_count=1, duration_s=0.1)),
+}
 
 
 async def _ok(_: object) -> Reply:

@@ -183,7 +183,7 @@ def test_the_readme_shows_the_current_tables() -> None:
 
 
 def test_subject_matching() -> None:
-    from libs.routes import subject_matches
+    from libs.topology import subject_matches
 
     assert subject_matches("safe.query.bench.share.*", "safe.query.bench.share.*")
     assert subject_matches("safe.query.>", "safe.query.bench.pair")
