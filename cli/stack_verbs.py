@@ -168,6 +168,8 @@ def demo(args: argparse.Namespace) -> int:
     killed = f"agent-{summary.get('killed_node')}"
     summary["exit_codes"] = codes
     summary["clean_shutdown"] = all(code == 0 for name, code in codes.items() if name != killed)
+    if stack.stragglers:  # killed at stop: what each was doing
+        summary["stragglers"] = stack.stragglers
     if args.json:
         print(json.dumps(summary, indent=2, default=str))
     else:
@@ -214,13 +216,16 @@ async def _demo(stack: EmbeddedStack, job_file: str) -> dict[str, Any]:
             ckpt = await _poll(checkpointed, "a checkpoint", 120, every_s=0.1)
         mark(f"checkpoint at iteration {ckpt.iteration}")
         victim = first_nodes[-1]
-        killed_at = time.monotonic()
+        killed_at, killed_wall = time.monotonic(), time.time()
         stack.kill_node(victim)
         mark(f"fault injected: SIGKILL of {victim}'s agent and workers")
 
         async def fault() -> FaultRecord | None:
+            # The fault about this kill: on the victim, naming the job, opened
+            # after it (a slow agent may have had one while onboarding).
             faults = await read_bucket(bus, FAULTS, missing_ok=True)
-            return next((f for f in faults.values() if f.key == victim), None)
+            return next((f for f in faults.values() if f.key == victim and job in f.jobs
+                         and f.opened_at >= killed_wall), None)
 
         with console.status("waiting for failover to notice"):
             opened = await _poll(fault, "failover to open a fault", 60, every_s=0.1)

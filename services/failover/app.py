@@ -69,7 +69,8 @@ class Failover:
     routes = ROUTES
 
     def __init__(self, settings: Settings) -> None:
-        self.monitor = HeartbeatMonitor(settings.heartbeat_interval_s, settings.heartbeat_missed)
+        self.monitor = HeartbeatMonitor(settings.heartbeat_interval_s, settings.heartbeat_missed,
+                                        first_beat_grace_s=settings.heartbeat_first_grace_s)
         self.book = FaultBook(load_rules(settings.failover_rules))
         self.placements: dict[str, tuple[int, set[str]]] = {}  # job -> (attempt, nodes)
         self.bus: Bus | None = None
@@ -85,8 +86,9 @@ class Failover:
         # deadline from now, whatever the replayed beats were stamped with.
         started = time.time()
         self.monitor.blind(started)
-        for node in await (await bus.records(NODES)).keys():
-            self.monitor.watch(node, started)
+        for name, node in (await (await bus.records(NODES)).load()).items():
+            # A node in service has beaten before; one still onboarding may not have.
+            self.monitor.watch(name, started, heard=node.state == "ready")
         self.kv = await bus.records(FAULTS)
         self.book.faults = await self.kv.load()
         await wire(bus, ROUTES, self)

@@ -3,9 +3,12 @@
 ``HeartbeatMonitor`` remembers when each node last beat and answers which
 nodes are overdue: a node is down after ``missed`` intervals without a beat.
 A node that has never beaten is timed from its registration, so an agent that
-never starts is caught too. Each outage yields one fault until the node beats
-again. While the monitor itself cannot hear (its bus is down) silence is no
-evidence: ``blind`` restarts every node's clock at the moment it hears again.
+never starts is caught too, but with ``first_beat_grace_s`` rather than the
+beat deadline: an agent starting on a busy machine (imports, device probes)
+is slow to say its first word, and its node runs nothing yet. Each outage
+yields one fault until the node beats again. While the monitor itself cannot
+hear (its bus is down) silence is no evidence: ``blind`` restarts every
+node's clock at the moment it hears again.
 
 Time is the receiver's: a beat counts when it is received, whatever its
 sender stamped on it (a clock in 2099 must not keep a node alive for good,
@@ -33,16 +36,24 @@ class HeartbeatMonitor:
     missed: int
     last_seen: dict[str, float] = field(default_factory=dict)
     down: set[str] = field(default_factory=set)
+    first_beat_grace_s: float = 0.0  # for a node never heard; 0: the beat deadline
     deaf_until: float = float("-inf")  # the monitor could hear nothing until then
+    unheard: set[str] = field(default_factory=set)  # watched, never beaten
     unknown_beats: dict[str, int] = field(default_factory=dict)  # never registered: ignored
 
     @property
     def deadline_s(self) -> float:
         return self.interval_s * self.missed
 
-    def watch(self, node: str, now: float) -> None:
-        """Start timing a node (at registration) without marking it alive."""
-        self.last_seen.setdefault(node, now)
+    def watch(self, node: str, now: float, *, heard: bool = False) -> None:
+        """Start timing a node (at registration) without marking it alive.
+        ``heard``: it is known to have beaten before (it was in service when
+        this monitor started), so it gets the beat deadline, not the grace."""
+        if node in self.last_seen:
+            return
+        self.last_seen[node] = now
+        if not heard:
+            self.unheard.add(node)
 
     def beat(self, node: str, at: float) -> bool:
         """Record a beat received at ``at``; True when a node that was down
@@ -52,6 +63,7 @@ class HeartbeatMonitor:
             return False
         if at >= self.last_seen[node]:
             self.last_seen[node] = at
+        self.unheard.discard(node)
         if node in self.down:
             self.down.discard(node)
             return True
@@ -67,7 +79,9 @@ class HeartbeatMonitor:
         found = []
         for node, seen in sorted(self.last_seen.items()):
             overdue = now - seen
-            if node not in self.down and now - max(seen, self.deaf_until) > self.deadline_s:
+            deadline = max(self.deadline_s, self.first_beat_grace_s) if node in self.unheard \
+                else self.deadline_s
+            if node not in self.down and now - max(seen, self.deaf_until) > deadline:
                 self.down.add(node)
                 found.append(MissedHeartbeat(node, seen, overdue))
         return found

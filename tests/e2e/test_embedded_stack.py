@@ -163,4 +163,5 @@ def test_demo_recovers_from_a_killed_node(tmp_path: Path) -> None:
     recovery = summary["recovery_s"]  # failover timed every phase, in order
     assert 0 < recovery["detection_s"] <= recovery["mitigation_s"] <= recovery["replacement_s"] \
         <= recovery["first_step_s"]
-    assert summary["clean_shutdown"] is True
+    assert summary["clean_shutdown"] is True, \
+        f"unclean exits: {summary['exit_codes']}; {summary.get('stragglers')}"

@@ -42,15 +42,29 @@ def test_onboarding(state: str, trigger: str, expected: str | None) -> None:
 
 def test_heartbeat_monitor_reports_each_outage_once() -> None:
     mon = HeartbeatMonitor(interval_s=1.0, missed=3)
-    mon.watch("a", 0.0)
-    mon.watch("b", 0.0)
+    mon.watch("a", 0.0, heard=True)
+    mon.watch("b", 0.0, heard=True)
     mon.beat("a", 2.0)
-    assert [m.node for m in mon.check(3.5)] == ["b"]  # b never beat
+    assert [m.node for m in mon.check(3.5)] == ["b"]  # b was in service and fell silent
     assert mon.check(3.6) == []  # reported once
     assert [m.node for m in mon.check(5.1)] == ["a"]
     assert mon.beat("a", 6.0) is True  # back
     assert mon.check(7.0) == []
     assert [m.node for m in mon.check(9.5)] == ["a"]  # a new outage
+
+
+def test_an_agent_never_heard_gets_the_first_beat_grace_not_the_deadline() -> None:
+    """Agents starting on a busy machine are slow to say their first word;
+    their node runs nothing yet, so silence then is not an outage."""
+    mon = HeartbeatMonitor(interval_s=1.0, missed=3, first_beat_grace_s=30.0)
+    mon.watch("starting", 0.0)
+    mon.watch("serving", 0.0, heard=True)  # was in service when the monitor started
+    assert [m.node for m in mon.check(3.5)] == ["serving"]
+    assert mon.check(29.0) == []
+    mon.beat("starting", 29.5)  # first word: from now on the beat deadline holds
+    assert [m.node for m in mon.check(32.6)] == ["starting"]
+    mon.watch("never", 40.0)
+    assert [m.node for m in mon.check(70.1)] == ["never"]  # an agent that never starts
 
 
 def test_heartbeat_out_of_order_beats_do_not_move_time_back() -> None:
