@@ -53,8 +53,11 @@ def describe(doc: dict[str, Any]) -> str:
     if r.holds_gpus:
         where = ", ".join(f"rank {s.rank} on {s.node}" for s in r.slots)
         lines.append(f"runs on: {where}")
-        if r.status == "terminating":
-            lines.append(f"stopping: {r.reason}")
+        if r.status == "stopping":
+            then = {"requeue": "queued again", "preempted": "queued again at the head",
+                    "fail": "failed", "stop": "stopped (resumable)", "cancel": "cancelled",
+                    "delete": "forgotten"}.get(r.after_stop or "", "")
+            lines.append(f"stopping: {r.reason}" + (f"; then {then}" if then else ""))
     elif r.status == "pending" and r.code == "unschedulable":
         lines.append(f"unschedulable: {r.reason}; it waits for the cluster to grow (checked "
                      f"again as nodes register) and does not hold up the jobs behind it")
@@ -63,8 +66,14 @@ def describe(doc: dict[str, Any]) -> str:
                      f"{r.reason or 'not considered yet'}" + (f" [{r.code}]" if r.code else ""))
         if r.recovering:
             lines.append(f"recovering: served first, avoiding {', '.join(r.exclude_nodes)}")
+    elif r.status == "stopped":
+        lines.append(f"stopped: {r.reason}; primus-safe resume {r.id} queues it again from its "
+                     "newest checkpoint")
     elif r.reason:
         lines.append(f"ended: {r.reason}")
+    if r.spec.max_runtime_s is not None:
+        lines.append(f"max runtime: {r.spec.max_runtime_s:g} s ({r.run_s:.0f} s used by ended "
+                     "attempts)")
     if doc.get("logs"):
         lines.append("worker logs: " + ", ".join(doc["logs"]))
     if doc["history"]:

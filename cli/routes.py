@@ -3,7 +3,17 @@ NATS user's permissions and the AsyncAPI operations come from here too."""
 
 from __future__ import annotations
 
-from libs.events import BenchRequest, BenchResult, JobSubmitted, NodeHeartbeat, NodeProvisioned
+from libs.events import (
+    BenchRequest,
+    BenchResult,
+    JobCancelRequested,
+    JobDeleteRequested,
+    JobResumeRequested,
+    JobStopRequested,
+    JobSubmitted,
+    NodeHeartbeat,
+    NodeProvisioned,
+)
 from libs.records import BUCKETS
 from libs.routes import Empty, Endpoint, HealthReply, Routes, Serve
 from services.bench.protocol import PROGRESS, REPORT, SEARCH, SWEEP
@@ -15,8 +25,10 @@ ANY_HEALTH = Endpoint("safe.health.>", Empty, HealthReply, "any service's health
 
 ROUTES = Routes(
     service="cli",
-    summary="the operator's primus-safe verbs: submit, listings, bench, lens, bootstrap apply",
-    publishes=(JobSubmitted, NodeProvisioned, BenchRequest),
+    summary="the operator's primus-safe verbs: submit, stop, resume, cancel, delete, listings, "
+            "bench, lens, bootstrap apply",
+    publishes=(JobSubmitted, JobStopRequested, JobResumeRequested, JobCancelRequested,
+               JobDeleteRequested, NodeProvisioned, BenchRequest),
     reads=BUCKETS,
     calls=(ADMISSION, APPLY, REMOVE, LENS_QUERY, REPORT, SEARCH, SWEEP, ANY_HEALTH),
     # bench run --wait watches its node's results and progress; up waits for heartbeats.

@@ -336,6 +336,12 @@ class JobSpec(Frozen):
         default="node", description="a unit never straddles this boundary")
     expected_runtime_s: float | None = Field(
         default=None, gt=0, description="an estimate; lets the job backfill into held capacity")
+    max_runtime_s: float | None = Field(
+        default=None, gt=0, description="stopped and failed once it has run this long, over "
+        "all its attempts (time stopped or queued does not count)")
+    ttl_after_finished_s: float | None = Field(
+        default=None, ge=0, description="forgotten by the scheduler this long after it "
+        "completes, fails or is cancelled (its history stays in Lens)")
 
     @field_validator("name")
     @classmethod
@@ -370,7 +376,8 @@ class JobSpec(Frozen):
             raise ValueError("a command argument cannot contain a NUL character")
         return value
 
-    @field_validator("min_runtime_s", "expected_runtime_s")
+    @field_validator("min_runtime_s", "expected_runtime_s", "max_runtime_s",
+                     "ttl_after_finished_s")
     @classmethod
     def _finite(cls, value: float | None) -> float | None:
         if value is not None and not math.isfinite(value):
@@ -469,6 +476,81 @@ class JobFailed(Event):
     type: Literal["job.failed"] = "job.failed"
     job: str
     data: JobEndedData
+
+
+class JobCommandData(Frozen):
+    by: str = Field(default="", description="who asked (the operator's user name)")
+    reason: str = Field(default="", max_length=1000)
+
+
+class JobStopRequested(Event):
+    """An operator asks to stop a job: its workers checkpoint and exit within
+    the grace (then SIGKILL); the job keeps its checkpoints and can be resumed."""
+
+    subject_template = "{root}.job.{job}.stop"
+    type: Literal["job.stop"] = "job.stop"
+    job: str
+    data: JobCommandData
+
+
+class JobResumeRequested(Event):
+    """An operator asks to queue a stopped job again, from its newest checkpoint."""
+
+    subject_template = "{root}.job.{job}.resume"
+    type: Literal["job.resume"] = "job.resume"
+    job: str
+    data: JobCommandData
+
+
+class JobCancelRequested(Event):
+    """An operator asks to stop a job for good."""
+
+    subject_template = "{root}.job.{job}.cancel"
+    type: Literal["job.cancel"] = "job.cancel"
+    job: str
+    data: JobCommandData
+
+
+class JobDeleteRequested(Event):
+    """An operator asks the scheduler to forget a job (stopping it first if it
+    runs); its history stays in Lens."""
+
+    subject_template = "{root}.job.{job}.delete"
+    type: Literal["job.delete"] = "job.delete"
+    job: str
+    data: JobCommandData
+
+
+class JobChangedData(Frozen):
+    attempt: int = Field(ge=0, description="placements so far (0: never placed)")
+    reason: str = ""
+    by: str = Field(default="", description="who asked, for an operator's act")
+
+
+class JobStopped(Event):
+    """Every worker of a stopped job has exited; it may be resumed."""
+
+    subject_template = "{root}.job.{job}.stopped"
+    type: Literal["job.stopped"] = "job.stopped"
+    job: str
+    data: JobChangedData
+
+
+class JobCancelled(Event):
+    subject_template = "{root}.job.{job}.cancelled"
+    type: Literal["job.cancelled"] = "job.cancelled"
+    job: str
+    data: JobChangedData
+
+
+class JobDeleted(Event):
+    """The scheduler forgot the job (an operator's delete, or its
+    ``ttl_after_finished_s``)."""
+
+    subject_template = "{root}.job.{job}.deleted"
+    type: Literal["job.deleted"] = "job.deleted"
+    job: str
+    data: JobChangedData
 
 
 # --------------------------------------------------------------------------- worker
@@ -818,6 +900,13 @@ EVENT_TYPES: tuple[type[Event], ...] = (
     JobPreempted,
     JobCompleted,
     JobFailed,
+    JobStopRequested,
+    JobResumeRequested,
+    JobCancelRequested,
+    JobDeleteRequested,
+    JobStopped,
+    JobCancelled,
+    JobDeleted,
     WorkerStarted,
     WorkerExited,
     FaultOpened,
@@ -845,6 +934,13 @@ AnyEvent = Annotated[
     | JobPreempted
     | JobCompleted
     | JobFailed
+    | JobStopRequested
+    | JobResumeRequested
+    | JobCancelRequested
+    | JobDeleteRequested
+    | JobStopped
+    | JobCancelled
+    | JobDeleted
     | WorkerStarted
     | WorkerExited
     | FaultOpened

@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar, Generic, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from libs.events import (
     BenchOutcome,
@@ -85,15 +85,17 @@ class NodeRecord(Record):
 
 # --------------------------------------------------------------------------- jobs
 
-JobStatus = Literal["pending", "running", "terminating", "completed", "failed"]
-# After a gang is stopped, what becomes of the job once every rank has exited.
-AfterStop = Literal["requeue", "fail", "preempted"]
+JobStatus = Literal["pending", "running", "stopping", "stopped", "completed", "failed",
+                   "cancelled"]
+# After a gang is stopped, what becomes of the job once every rank has exited:
+# queued again (a retry), queued at the head (preempted), failed, stopped (an
+# operator's stop: resumable), cancelled, or deleted (forgotten).
+AfterStop = Literal["requeue", "fail", "preempted", "stop", "cancel", "delete"]
 
 
 class JobRecord(Record):
     """A job's lifecycle, placement and pending reason. Written by the
-    scheduler leader only; the scheduler keeps these records in memory and
-    changes them in place (assume, then persist)."""
+    scheduler leader only; its transitions are ``services/scheduler/lifecycle.py``."""
 
     model_config = ConfigDict(extra="ignore", validate_assignment=False)
 
@@ -114,15 +116,27 @@ class JobRecord(Record):
     last_nodes: list[str] = Field(default_factory=list, description="where the last attempt ran")
     after_stop: AfterStop | None = None
     stop_requested_at: float | None = None
+    grace_s: float = Field(default=0.0, description="the running stop's grace before SIGKILL")
+    stops: int = Field(default=0, description="times an operator's stop completed")
+    stopped_by: str = Field(default="", description="who asked for the last stop/cancel/delete")
+    last_command: str = Field(default="", description="event id of the last operator request "
+                              "done (a redelivered one is not done twice)")
+    run_s: float = Field(default=0.0, description="seconds run by attempts that ended")
+    finished_at: float | None = Field(default=None, description="when it reached a final state")
     reason: str = ""
     code: str = ""
     position: int = 0
     leader_term: int = Field(default=0, description="the scheduler term that wrote it")
     updated_at: float = 0.0
 
+    @field_validator("status", mode="before")
+    @classmethod
+    def _old_status(cls, value: Any) -> Any:
+        return "stopping" if value == "terminating" else value  # its name before 0.2
+
     @property
     def holds_gpus(self) -> bool:
-        return self.status in ("running", "terminating")
+        return self.status in ("running", "stopping")
 
     @property
     def nodes(self) -> list[str]:

@@ -28,12 +28,14 @@ from libs.events import (
     FaultOpened,
     FaultOpenedData,
     FaultRecovered,
+    JobCancelled,
     JobCompleted,
     JobFailed,
     JobPlaced,
     JobPreempted,
     JobRecover,
     JobRecoverData,
+    JobStopped,
     JobTelemetry,
     LensAlert,
     NodeHeartbeat,
@@ -121,8 +123,9 @@ class Failover:
         self.book.job_placed(event.job, event.data.attempt, time.time())
         await self._act([])
 
-    async def on_job_ended(self, event: JobCompleted | JobFailed | JobPreempted) -> None:
-        """The run ended (a preempted job is placed again later, afresh)."""
+    async def on_job_ended(self, event: JobCompleted | JobFailed | JobPreempted | JobStopped
+                           | JobCancelled) -> None:
+        """The run ended (a preempted or stopped job is placed again later, afresh)."""
         self.placements.pop(event.job, None)
         await self._act(self.book.job_ended(event.job, time.time()))
 

@@ -28,9 +28,11 @@ from nats.aio.msg import Msg
 from libs.bus import Bus, event_or_reason
 from libs.events import (
     Event,
+    JobCancelled,
     JobCompleted,
     JobFailed,
     JobPreempted,
+    JobStopped,
 )
 from libs.leader import LeaderElection
 from libs.logs import get_logger
@@ -53,6 +55,9 @@ from services.lens_collector.queries import QueryError, resolve
 from services.lens_collector.routes import ALERTS_ROLE, ROUTES
 from services.lens_collector.rows import COLUMNS, EVENT_ID_COLUMN, rows_for
 from services.lens_collector.schema import MIGRATIONS
+
+# A job's run is over: its hang and throughput rules stop watching it.
+RUN_ENDED = (JobCompleted, JobFailed, JobPreempted, JobStopped, JobCancelled)
 
 
 class LensCollector:
@@ -113,7 +118,7 @@ class LensCollector:
         await self._store(self._insert_rows, rows_for(batch))
         if self.alerts is not None:
             for event, _ in batch:
-                if isinstance(event, JobCompleted | JobFailed | JobPreempted) and event.job:
+                if isinstance(event, RUN_ENDED) and event.job:
                     await self.alerts.job_ended(event.job, min(event.time.timestamp(),
                                                                time.time()))
 

@@ -40,7 +40,12 @@ from libs.drivers.base import ClusterDriver
 from libs.drivers.local import LocalDriver
 from libs.events import (
     Event,
+    JobCancelled,
+    JobCancelRequested,
+    JobChangedData,
     JobCompleted,
+    JobDeleted,
+    JobDeleteRequested,
     JobEndedData,
     JobFailed,
     JobPending,
@@ -50,6 +55,9 @@ from libs.events import (
     JobPreempted,
     JobPreemptedData,
     JobRecover,
+    JobResumeRequested,
+    JobStopped,
+    JobStopRequested,
     JobSubmitted,
     NodeRegistered,
     NodeStateChanged,
@@ -59,28 +67,27 @@ from libs.inventory import HostSpec
 from libs.kv import Records
 from libs.leader import LeaderElection, NotLeader, follow
 from libs.logs import get_logger
-from libs.records import JOBS, NODES, AfterStop, JobRecord, NodeRecord
+from libs.records import JOBS, NODES, JobRecord, NodeRecord
 from libs.settings import Settings
 from libs.wiring import Wiring, wire
 from services.scheduler import config as scheduler_config
-from services.scheduler.policy import Slot, admission, schedule
+from services.scheduler import lifecycle
+from services.scheduler.policy import admission, schedule
 from services.scheduler.protocol import AdmissionReply, AdmissionRequest
 from services.scheduler.routes import ROUTES
 from services.scheduler.view import (
     SchedulerState,
     policy_job,
     policy_nodes,
-    retry_backoff_s,
     worker_slots,
 )
 from services.scheduler.view import snapshot as build_snapshot
 
 SOURCE = "scheduler"
-# A gang told to stop that has not reported every exit by then is taken as stopped.
-STOP_TIMEOUT_EXTRA_S = 60.0
-# A gang that lost a rank is broken: its survivors wait in collectives for
-# a dead peer and cannot checkpoint, so they get only a short grace.
-BROKEN_GANG_GRACE_S = 3.0
+JobCommand = JobStopRequested | JobResumeRequested | JobCancelRequested | JobDeleteRequested
+COMMANDS: dict[type[Event], lifecycle.Action] = {
+    JobStopRequested: "stop", JobResumeRequested: "resume", JobCancelRequested: "cancel",
+    JobDeleteRequested: "delete"}
 
 
 class Scheduler:
@@ -90,6 +97,7 @@ class Scheduler:
     def __init__(self, settings: Settings, driver: ClusterDriver | None = None) -> None:
         self.settings = settings
         self.config = scheduler_config.load(settings.scheduler_config)
+        self.limits = self.config.limits()
         self.workspaces = self.config.workspace_policies()
         self.state = SchedulerState()
         self.driver = driver
@@ -159,12 +167,12 @@ class Scheduler:
         if self._term_routes is not None:
             await self._term_routes.stop()
             self._term_routes = None
+        # Stops under way finish (within ``wait_s`` all together); the rest is
+        # cancelled: a new leader sends every unfinished stop again.
+        if self._tasks and wait_s > 0:
+            await asyncio.wait(list(self._tasks), timeout=wait_s)
         for task in list(self._tasks):
-            if wait_s > 0:
-                with contextlib.suppress(Exception):
-                    await asyncio.wait_for(task, wait_s)
-            else:
-                task.cancel()
+            task.cancel()
         if self.driver is not None:
             # Running workers keep running: the next leader adopts them.
             await self.driver.detach()
@@ -181,22 +189,8 @@ class Scheduler:
                             "bucket deleted? taking them as older", newest=self._old_terms,
                             term=self._term)
         adopted = await self.driver.adopt()
-        for job in self.state.jobs.values():
-            if job.status == "running":
-                # A crash may have come between saving and announcing or
-                # launching: both are idempotent (same event id; only ranks
-                # that never started are started).
-                await self._publish(JobPlaced(
-                    id=f"{job.id}-placed-{job.attempt}", source=SOURCE, job=job.id,
-                    data=JobPlacedData(attempt=job.attempt, workers=job.slots)))
-                await self.driver.launch(job.id, job.attempt, job.spec, job.slots)
-            elif job.status == "terminating":
-                # The stop (SIGTERM, then SIGKILL after the grace) died with
-                # the last scheduler: a rank stuck on a dead peer would run on,
-                # and the stop timeout would place the next attempt beside it.
-                grace = (self.config.preemption_grace_s if job.after_stop == "preempted"
-                         else BROKEN_GANG_GRACE_S)
-                self._background(self.driver.stop(job.id, grace_s=grace))
+        for job in list(self.state.jobs.values()):
+            await self._carry_out(job, lifecycle.Step(job, lifecycle.on_restart(job, self.limits)))
         if self.state.jobs or adopted:
             self._log.info("rebuilt", nodes=len(self.state.nodes), jobs=len(self.state.jobs),
                            adopted_workers=adopted)
@@ -227,7 +221,11 @@ class Scheduler:
             if node is not None:
                 node.state = event.data.state
                 if node.state != "ready":
-                    await self._evacuate(event.node, event.data.reason)
+                    # A node left service: its gangs stop and are re-placed
+                    # first in the queue, preferring their healthy nodes.
+                    fact = lifecycle.NodeLost(event.node, event.data.reason)
+                    for job in list(self.state.jobs.values()):
+                        await self._apply(job, fact)
 
     async def on_job_submitted(self, event: JobSubmitted) -> None:
         async with self._handling():
@@ -238,123 +236,142 @@ class Scheduler:
             self.state.jobs[job.id] = job
             verdict = self._admit(job)
             if verdict.verdict == "refused":
-                await self._refuse(job, verdict.reason)
+                self._log.warning("job refused", job=job.id, reason=verdict.reason)
+                await self._apply(job, lifecycle.Refuse(verdict.reason))
             else:
                 await self._save(job)
 
     async def on_worker_exited(self, event: WorkerExited) -> None:
         async with self._handling():
-            await self._on_exit(event)
+            job = self.state.jobs.get(event.job)
+            if job is not None:
+                await self._apply(job, lifecycle.Exited(
+                    attempt=event.data.attempt, rank=event.data.rank,
+                    code=event.data.exit_code, node=event.node,
+                    reason=event.data.reason or ""))
 
     async def on_job_recover(self, event: JobRecover) -> None:
         async with self._handling():
             job = self.state.jobs.get(event.job)
-            if job is None or job.status != "running":
+            if job is not None:
+                await self._apply(job, lifecycle.Recover(event.data.reason,
+                                                         tuple(event.data.exclude_nodes)))
+
+    async def on_job_command(self, event: JobCommand) -> None:
+        """An operator's stop, resume, cancel or delete. The CLI checked it
+        before publishing; it is checked again here (the job may have moved
+        since), and one that no longer applies is logged and acked."""
+        async with self._handling():
+            action = COMMANDS[type(event)]
+            job = self.state.jobs.get(event.job)
+            if job is None:
+                self._log.warning("command for a job the scheduler does not know", job=event.job,
+                                  action=action)
                 return
-            job.retries += 1
-            job.recovering = True
-            job.exclude_nodes = sorted({*job.exclude_nodes, *event.data.exclude_nodes})
-            job.prefer_nodes = sorted({s.node for s in job.slots} - set(job.exclude_nodes))
-            after: AfterStop = "fail" if job.retries > job.spec.max_retry else "requeue"
-            await self._stop_gang(job, after, f"failover: {event.data.reason}", backoff=False)
+            step = await self._apply(job, lifecycle.Command(
+                action, by=event.data.by, reason=event.data.reason, id=event.id))
+            self._log.info("job command", job=event.job, action=action, by=event.data.by,
+                           answer=step.answer or "done", refused=step.refused)
 
-    async def _on_exit(self, event: WorkerExited) -> None:
-        job = self.state.jobs.get(event.job)
-        if job is not None and job.status in ("completed", "failed") \
-                and event.data.attempt == job.attempt:
-            await self._announced(job)
-            return
-        if job is None or not job.holds_gpus or event.data.attempt != job.attempt:
-            return  # an old attempt, or already handled
-        job.exits[event.data.rank] = event.data.exit_code
-        if job.status == "running":
-            if event.data.exit_code != 0:
-                job.retries += 1
-                after: AfterStop = "fail" if job.retries > job.spec.max_retry else "requeue"
-                why = f" ({event.data.reason})" if event.data.reason else ""
-                await self._stop_gang(job, after, f"rank {event.data.rank} on {event.node} "
-                                                  f"exited with code {event.data.exit_code}{why}",
-                                      grace_s=BROKEN_GANG_GRACE_S)
-            elif len(job.exits) == len(job.slots):
-                job.status, job.reason = "completed", ""
-                await self._save(job)
-                await self._publish(JobCompleted(
-                    id=f"{job.id}-completed", source=SOURCE, job=job.id,
-                    data=JobEndedData(attempt=job.attempt,
-                                      duration_s=max(0.0, time.time() - job.submitted_at))))
-                self._log.info("job completed", job=job.id, attempt=job.attempt)
-                self._background(self.driver.stop(job.id, grace_s=0))  # tidy pods, services
-            else:
-                await self._save(job)
-        elif len(job.exits) >= len(job.slots):
-            await self._finish_stop(job)
+    # ------------------------------------------------------------------ lifecycle
 
-    async def _evacuate(self, node: str, reason: str) -> None:
-        """A node left service: stop its gangs and re-place them elsewhere,
-        first in the queue, preferring their healthy original nodes."""
-        for job in list(self.state.jobs.values()):
-            if job.status in ("terminating", "pending") and node in job.last_nodes + [
-                    s.node for s in job.slots]:
-                # Its attempt already failed (a rank saw the peer die before
-                # failover did): the cause is known now, so no back-off and
-                # first in the queue, away from the node.
-                was = job.last_nodes + [s.node for s in job.slots]
-                job.recovering, job.not_before = True, 0.0
-                job.exclude_nodes = sorted({*job.exclude_nodes, node})
-                job.prefer_nodes = sorted(set(was) - {node})
-                await self._save(job)
-                if job.status == "terminating":  # no use waiting for the broken gang
-                    self._background(self.driver.stop(job.id, grace_s=0))
-                continue
-            if job.status != "running" or all(s.node != node for s in job.slots):
-                continue
-            job.retries += 1
-            job.recovering = True
-            job.exclude_nodes = sorted({*job.exclude_nodes, node})
-            job.prefer_nodes = sorted({s.node for s in job.slots} - {node})
-            after: AfterStop = "fail" if job.retries > job.spec.max_retry else "requeue"
-            await self._stop_gang(job, after, f"node {node} left service: {reason}",
-                                  backoff=False, grace_s=BROKEN_GANG_GRACE_S)
+    async def _apply(self, job: JobRecord, fact: lifecycle.Fact) -> lifecycle.Step:
+        """One fact through the pure lifecycle, then its effects."""
+        step = lifecycle.apply(job, fact, time.time(), self.limits)
+        await self._carry_out(job, step)
+        return step
 
-    async def _stop_gang(self, job: JobRecord, after: AfterStop, reason: str, *,
-                         backoff: bool = True, grace_s: float = 10.0) -> None:
-        """Tell every worker to stop; the job ends its attempt once every rank
-        has reported its exit (its GPUs stay held until then)."""
+    async def _carry_out(self, old: JobRecord, step: lifecycle.Step) -> None:
+        """The effects of a step, in order (assume, then persist: the record
+        is in memory first, saved before anything is announced or launched)."""
+        job = step.record or old
+        if step.record is not None and step.record is not old:
+            self.state.jobs[old.id] = step.record
+        for effect in step.effects:
+            match effect:
+                case lifecycle.Save():
+                    await self._save(job)
+                case lifecycle.Forget():
+                    await self._forget(job)
+                case lifecycle.Announce():
+                    await self._announce(job, effect)
+                case lifecycle.Launch():
+                    await self._launch(job)
+                case lifecycle.StopWorkers(wait=True):
+                    assert self.driver is not None
+                    try:
+                        await self.driver.stop(job.id, grace_s=effect.grace_s)
+                    except Exception:  # the stop timeout and a restart send it again
+                        self._log.exception("stopping workers failed", job=job.id)
+                case lifecycle.StopWorkers():
+                    assert self.driver is not None
+                    self._background(self._stop_workers(job.id, effect.grace_s))
+                case lifecycle.Reannounce():
+                    await self._announced(job)
+
+    async def _stop_workers(self, job: str, grace_s: float) -> None:
+        """SIGTERM, then SIGKILL after the grace. A stop that fails is logged;
+        the stop timeout sends it again before it takes the gang as stopped."""
         assert self.driver is not None
-        self._log.warning("stopping gang", job=job.id, attempt=job.attempt, reason=reason,
-                          then=after)
-        job.status, job.after_stop, job.reason = "terminating", after, reason
-        job.stop_requested_at = time.time()
-        job.not_before = time.time() + retry_backoff_s(job.retries) if backoff else 0.0
-        await self._save(job)
-        if len(job.exits) >= len(job.slots):
-            await self._finish_stop(job)
-            return
-        self._background(self.driver.stop(job.id, grace_s=grace_s))
+        try:
+            await self.driver.stop(job, grace_s=grace_s)
+        except Exception:
+            self._log.exception("stopping workers failed; the stop timeout retries",
+                                job=job)
+
+    async def _launch(self, job: JobRecord) -> None:
+        assert self.driver is not None
+        self._log.info("job placed", job=job.id, attempt=job.attempt, term=self._term,
+                       nodes=job.nodes)
+        try:
+            self._fence()
+            await self.driver.launch(job.id, job.attempt, job.spec, job.slots)
+        except NotLeader:
+            raise
+        except Exception as exc:  # the cluster refused: end this attempt now
+            self._log.exception("launch failed", job=job.id, attempt=job.attempt)
+            await self._apply(job, lifecycle.LaunchFailed(str(exc)))
+
+    async def _announce(self, job: JobRecord, what: lifecycle.Announce) -> None:
+        duration = max(0.0, time.time() - job.submitted_at)
+        changed = JobChangedData(attempt=job.attempt, reason=job.reason, by=job.stopped_by)
+        event: Event
+        match what.what:
+            case "placed":
+                event = JobPlaced(id=f"{job.id}-placed-{job.attempt}", source=SOURCE, job=job.id,
+                                  data=JobPlacedData(attempt=job.attempt, workers=job.slots))
+            case "preempted":
+                event = JobPreempted(
+                    id=f"{job.id}-preempted-{job.attempt}", source=SOURCE, job=job.id,
+                    data=JobPreemptedData(attempt=job.attempt, preemptor=what.detail,
+                                          grace_s=self.limits.preemption_grace_s))
+            case "completed":
+                event = JobCompleted(id=f"{job.id}-completed", source=SOURCE, job=job.id,
+                                     data=JobEndedData(attempt=job.attempt, duration_s=duration))
+                self._log.info("job completed", job=job.id, attempt=job.attempt)
+            case "failed":
+                # The contract has no attempt 0: a job refused before any placement is 1.
+                event = JobFailed(id=f"{job.id}-failed", source=SOURCE, job=job.id,
+                                  data=JobEndedData(attempt=max(1, job.attempt),
+                                                    duration_s=duration, reason=job.reason))
+            case "stopped":
+                event = JobStopped(id=f"{job.id}-stopped-{job.stops}", source=SOURCE,
+                                   job=job.id, data=changed)
+            case "cancelled":
+                event = JobCancelled(id=f"{job.id}-cancelled", source=SOURCE, job=job.id,
+                                     data=changed)
+            case "deleted":
+                event = JobDeleted(id=f"{job.id}-deleted", source=SOURCE, job=job.id,
+                                   data=changed)
+        if what.what not in ("placed", "completed"):
+            self._log.warning(f"job {what.what}", job=job.id, attempt=job.attempt,
+                              reason=job.reason)
+        await self._publish(event)
 
     def _background(self, coro: Any) -> None:
         task = asyncio.create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
-
-    async def _finish_stop(self, job: JobRecord) -> None:
-        after = job.after_stop
-        job.last_nodes = [s.node for s in job.slots]
-        job.slots, job.exits, job.started_at = [], {}, None
-        job.after_stop, job.stop_requested_at = None, None
-        if after == "fail":
-            job.status = "failed"
-            await self._save(job)
-            await self._publish(JobFailed(
-                id=f"{job.id}-failed", source=SOURCE, job=job.id,
-                data=JobEndedData(attempt=job.attempt,
-                                  duration_s=max(0.0, time.time() - job.submitted_at),
-                                  reason=f"gave up after {job.retries} failed attempt(s): "
-                                         f"{job.reason}")))
-            return
-        job.status = "pending"
-        job.preempted = after == "preempted"
-        await self._save(job)
 
     # ------------------------------------------------------------------ admission
 
@@ -379,17 +396,6 @@ class Scheduler:
         return AdmissionReply(verdict=verdict.verdict, reason=verdict.reason,
                               field=verdict.field)
 
-    async def _refuse(self, job: JobRecord, reason: str) -> None:
-        """A job that can never run ends now, failed, with the reason; the
-        event's attempt is 1 (the contract has no attempt 0), its duration 0."""
-        self._log.warning("job refused", job=job.id, reason=reason)
-        job.status, job.code, job.reason = "failed", "refused", f"refused: {reason}"
-        self._shown.pop(job.id, None)
-        await self._save(job)
-        await self._publish(JobFailed(
-            id=f"{job.id}-failed", source=SOURCE, job=job.id,
-            data=JobEndedData(attempt=max(1, job.attempt), duration_s=0.0, reason=job.reason)))
-
     # ------------------------------------------------------------------ cycle
 
     async def _cycle_loop(self) -> None:
@@ -400,7 +406,7 @@ class Scheduler:
             self._dirty.clear()
             try:
                 async with self._lock:
-                    await self._expire_stops()
+                    await self._tick()
                     await self.cycle()
             except NotLeader as exc:
                 self._log.warning("cycle stopped: not the leader", reason=str(exc))
@@ -408,18 +414,17 @@ class Scheduler:
             except Exception:
                 self._log.exception("scheduling cycle failed")
 
-    async def _expire_stops(self) -> None:
+    async def _tick(self) -> None:
+        """What the clock made happen: stops that timed out (the gang is
+        killed and taken as stopped), jobs past ``max_runtime_s``, finished
+        jobs past ``ttl_after_finished_s``."""
         now = time.time()
-        limit = self.config.preemption_grace_s + STOP_TIMEOUT_EXTRA_S
-        for job in self.state.jobs.values():
-            if job.status == "terminating" and job.stop_requested_at is not None \
-                    and now - job.stop_requested_at > limit:
-                self._log.warning("stop timed out; taking the gang as stopped", job=job.id)
-                assert self.driver is not None
-                # Kill what is left first: a gang taken as stopped must be gone.
-                with contextlib.suppress(Exception):
-                    await self.driver.stop(job.id, grace_s=0)
-                await self._finish_stop(job)
+        for job in list(self.state.jobs.values()):
+            fact = lifecycle.due(job, now, self.limits)
+            if fact is not None:
+                if isinstance(fact, lifecycle.StopTimedOut):
+                    self._log.warning("stop timed out; taking the gang as stopped", job=job.id)
+                await self._apply(job, fact)
 
     async def cycle(self) -> None:
         now = time.time()
@@ -433,21 +438,19 @@ class Scheduler:
         self.cycles += 1
         self.last_cycle_ms = round(1000 * (time.perf_counter() - t0), 3)
         for preemption in result.preemptions:
-            victim = self.state.jobs[preemption.victim]
-            await self._publish(JobPreempted(
-                id=f"{victim.id}-preempted-{victim.attempt}", source=SOURCE, job=victim.id,
-                data=JobPreemptedData(attempt=victim.attempt, preemptor=preemption.preemptor,
-                                      grace_s=self.config.preemption_grace_s)))
-            await self._stop_gang(victim, "preempted", f"preempted by {preemption.preemptor}",
-                                  backoff=False, grace_s=self.config.preemption_grace_s)
+            await self._apply(self.state.jobs[preemption.victim],
+                              lifecycle.Preempt(preemption.preemptor))
         for job_id, slots in result.placements.items():
-            await self._place(self.state.jobs[job_id], slots, now)
+            self._shown.pop(job_id, None)
+            await self._apply(self.state.jobs[job_id], lifecycle.Placed(
+                tuple(worker_slots(slots))))
         for job_id, pending in {**result.pending, **held}.items():
             await self._show_pending(self.state.jobs[job_id], pending.position, pending.reason,
                                      pending.code)
         for job_id, verdict in verdicts.items():
             if verdict.verdict == "refused":  # the configuration changed under it
-                await self._refuse(self.state.jobs[job_id], verdict.reason)
+                self._shown.pop(job_id, None)
+                await self._apply(self.state.jobs[job_id], lifecycle.Refuse(verdict.reason))
             else:
                 await self._show_pending(self.state.jobs[job_id], 1, verdict.reason,
                                          "unschedulable")
@@ -455,37 +458,6 @@ class Scheduler:
             self._log.info("cycle", placed=len(result.placements),
                            preempted=len(result.preemptions), pending=len(result.pending),
                            ms=self.last_cycle_ms)
-
-    async def _place(self, job: JobRecord, slots: tuple[Slot, ...], now: float) -> None:
-        assert self.driver is not None
-        job.attempt += 1
-        job.status, job.started_at, job.exits = "running", now, {}
-        job.slots = worker_slots(slots)
-        job.recovering = job.preempted = False
-        job.exclude_nodes, job.prefer_nodes = [], []
-        job.reason = job.code = ""
-        self._shown.pop(job.id, None)
-        await self._save(job)
-        await self._publish(JobPlaced(
-            id=f"{job.id}-placed-{job.attempt}", source=SOURCE, job=job.id,
-            data=JobPlacedData(attempt=job.attempt, workers=job.slots)))
-        self._log.info("job placed", job=job.id, attempt=job.attempt, term=self._term,
-                       nodes=[s.node for s in job.slots])
-        try:
-            self._fence()
-            await self.driver.launch(job.id, job.attempt, job.spec, job.slots)
-        except NotLeader:
-            raise
-        except Exception as exc:  # the cluster refused: end this attempt now
-            self._log.exception("launch failed", job=job.id, attempt=job.attempt)
-            job.retries += 1
-            job.status = "terminating"
-            job.after_stop = "fail" if job.retries > job.spec.max_retry else "requeue"
-            job.reason = f"launch failed: {exc}"
-            job.not_before = time.time() + retry_backoff_s(job.retries)
-            with contextlib.suppress(Exception):
-                await self.driver.stop(job.id, grace_s=0)
-            await self._finish_stop(job)
 
     async def _show_pending(self, job: JobRecord, position: int, reason: str, code: str) -> None:
         job.position, job.reason, job.code = position, reason, code
@@ -523,6 +495,14 @@ class Scheduler:
             data=JobEndedData(attempt=job.attempt,
                               duration_s=max(0.0, time.time() - job.submitted_at),
                               reason=job.reason if job.status == "failed" else "")))
+
+    async def _forget(self, job: JobRecord) -> None:
+        """The scheduler no longer knows the job (its history stays in Lens)."""
+        assert self.kv is not None
+        self._fence()
+        await self.kv.delete(job.id)
+        self.state.jobs.pop(job.id, None)
+        self._shown.pop(job.id, None)
 
     async def _publish(self, event: Event) -> None:
         assert self.bus is not None

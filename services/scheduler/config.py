@@ -17,6 +17,7 @@ from pydantic import Field, model_validator
 
 from libs.events import Frozen
 from libs.specs import load_model
+from services.scheduler.lifecycle import Limits
 from services.scheduler.policy import SchedulerConfig, Workspace
 from services.scheduler.policy.model import DEFAULT_PRIORITIES
 
@@ -55,6 +56,9 @@ class SchedulerFile(Frozen):
     cross_workspace_preemption: bool = False
     preemption_grace_s: float = Field(default=30.0, ge=0,
                                       description="time a victim has to checkpoint and stop")
+    stop_grace_s: float = Field(
+        default=30.0, ge=0, description="time a job an operator stops, cancels or deletes (or "
+        "one past its max_runtime_s) has to checkpoint before SIGKILL")
     workspaces: list[WorkspaceConfig] = Field(
         default_factory=lambda: [WorkspaceConfig(name="default")], min_length=1)
     pools: list[PoolConfig] = Field(default_factory=list,
@@ -76,6 +80,9 @@ class SchedulerFile(Frozen):
     def policy(self) -> SchedulerConfig:
         return SchedulerConfig(priorities=dict(self.priorities), preemption=self.preemption,
                                cross_workspace_preemption=self.cross_workspace_preemption)
+
+    def limits(self) -> Limits:
+        return Limits(preemption_grace_s=self.preemption_grace_s, stop_grace_s=self.stop_grace_s)
 
     def pool_capacity(self) -> dict[str, dict[str, int]]:
         """Declared pools: pool -> GPU model -> the most GPUs it will hold."""

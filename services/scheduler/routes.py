@@ -3,12 +3,19 @@
 from __future__ import annotations
 
 from libs.events import (
+    JobCancelled,
+    JobCancelRequested,
     JobCompleted,
+    JobDeleted,
+    JobDeleteRequested,
     JobFailed,
     JobPending,
     JobPlaced,
     JobPreempted,
     JobRecover,
+    JobResumeRequested,
+    JobStopped,
+    JobStopRequested,
     JobSubmitted,
     LogRecord,
     NodeRegistered,
@@ -32,12 +39,16 @@ ROUTES = Routes(
             On(JobSubmitted, "on_job_submitted"),
             On(JobRecover, "on_job_recover"),
             On(WorkerExited, "on_worker_exited"),
+            On(JobStopRequested, "on_job_command"),
+            On(JobResumeRequested, "on_job_command"),
+            On(JobCancelRequested, "on_job_command"),
+            On(JobDeleteRequested, "on_job_command"),
         ), leader=True, summary="nodes, jobs and workers, in stream order"),
     ),
     # The cluster drivers run inside the scheduler and report the workers
     # they start and see exit; every service may ship its log lines.
-    publishes=(JobPlaced, JobPending, JobPreempted, JobCompleted, JobFailed,
-               WorkerStarted, WorkerExited, LogRecord),
+    publishes=(JobPlaced, JobPending, JobPreempted, JobCompleted, JobFailed, JobStopped,
+               JobCancelled, JobDeleted, WorkerStarted, WorkerExited, LogRecord),
     # A job's end, looked up before it is published again (an outage may
     # have kept the first publish from going out).
     rereads=(JobCompleted, JobFailed),

@@ -10,6 +10,7 @@ unknown workspace) are answered here with their own reason.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 from libs.events import WorkerSlot
@@ -24,12 +25,6 @@ class SchedulerState:
     nodes: dict[str, NodeRecord] = field(default_factory=dict)
     jobs: dict[str, JobRecord] = field(default_factory=dict)
     reservations: dict[str, tuple[str, ...]] = field(default_factory=dict)
-
-
-def retry_backoff_s(retries: int) -> float:
-    """Wait before retrying a failed job: 5 s, 10 s, 20 s … capped at 5 min.
-    Long enough that failover has quarantined a dead node before the retry."""
-    return min(300.0, 5.0 * 2 ** max(0, retries - 1))
 
 
 def policy_job(job: JobRecord) -> policy.Job:
@@ -77,15 +72,18 @@ def snapshot(state: SchedulerState, workspaces: list[policy.Workspace], now: flo
         if job.holds_gpus:
             running.append(policy.Allocation(
                 job=policy_job(job), slots=policy_slots(job.slots),
-                terminating=job.status == "terminating"))
+                terminating=job.status == "stopping"))
         elif job.status == "pending":
             if job.spec.workspace not in known:
                 held[job.id] = policy.Pending(
                     1, f"workspace {job.spec.workspace!r} is not configured; known: "
                        f"{', '.join(sorted(known))}", "invalid")
             elif job.not_before > now:
+                # Fixed for the whole wait: a pending reason is published on change.
+                at = time.strftime("%H:%M:%S", time.gmtime(job.not_before))
                 held[job.id] = policy.Pending(
-                    1, f"retry {job.retries + 1} in {job.not_before - now:.0f} s", "backoff")
+                    1, f"retry {job.retries} of {job.spec.max_retry} after a back-off, at "
+                       f"{at} UTC", "backoff")
             else:
                 pending.append(policy_job(job))
     snap = policy.Snapshot(nodes=nodes, workspaces=workspaces, running=running,

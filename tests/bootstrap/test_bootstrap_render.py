@@ -92,7 +92,7 @@ def test_busy_jobs_sees_only_running_jobs_on_the_node() -> None:
                          slots=[WorkerSlot(rank=i, node=n, gpus=1) for i, n in enumerate(nodes)])
 
     jobs = [job("j1", "running", ["a", "b"]), job("j2", "completed", ["a"]),
-            job("j3", "terminating", ["a"]), job("j4", "pending", [])]
+            job("j3", "stopping", ["a"]), job("j4", "pending", [])]
     assert busy_jobs(jobs, "a") == ["j1", "j3"] and busy_jobs(jobs, "c") == []
 
 

@@ -16,10 +16,10 @@ from services.bootstrap.onboarding import step
 from services.failover.rules import HeartbeatMonitor
 from services.scheduler.config import SchedulerFile
 from services.scheduler.config import load as load_scheduler_file
+from services.scheduler.lifecycle import Limits
 from services.scheduler.policy import schedule
 from services.scheduler.view import (
     SchedulerState,
-    retry_backoff_s,
     snapshot,
     used_gpus,
 )
@@ -104,7 +104,7 @@ def test_snapshot_translates_node_states_and_running_gangs() -> None:
     state = SchedulerState(nodes=view_nodes(("a", 2, "r1", "ready"), ("b", 2, "r1", "quarantined"),
                                             ("c", 2, "r2", "preflight")))
     running = record("run", 2)
-    running.status, running.started_at = "terminating", 5.0
+    running.status, running.started_at = "stopping", 5.0
     running.slots = [WorkerSlot(rank=0, node="a", gpus=1), WorkerSlot(rank=1, node="a", gpus=1)]
     state.jobs = {"run": running, "new": record("new", 1, priority="high")}
     snap, held = snapshot(state, WORKSPACES, now=10.0)
@@ -124,7 +124,10 @@ def test_backoff_and_unknown_workspaces_are_answered_before_the_policy() -> None
     state.jobs = {"w": waiting, "x": record("x", 1, workspace="research")}
     snap, held = snapshot(state, WORKSPACES, now=15.0)
     assert snap.pending == []
-    assert held["w"].reason == "retry 2 in 5 s" and held["w"].code == "backoff"
+    # retry 1 of the default 3; the reason stays the same all through the wait
+    assert held["w"].reason == "retry 1 of 3 after a back-off, at 00:00:20 UTC"
+    assert held["w"].code == "backoff"
+    assert snapshot(state, WORKSPACES, now=19.0)[1]["w"].reason == held["w"].reason
     assert "workspace 'research' is not configured; known: default" in held["x"].reason
     assert [j.id for j in snapshot(state, WORKSPACES, now=20.0)[0].pending] == ["w"]
 
@@ -151,8 +154,9 @@ def test_records_round_trip_through_json() -> None:
 
 
 def test_retry_backoff_grows_and_is_capped() -> None:
-    assert [retry_backoff_s(n) for n in (1, 2, 3)] == [5.0, 10.0, 20.0]
-    assert retry_backoff_s(30) == 300.0
+    limits = Limits()
+    assert [limits.backoff_s(n) for n in (1, 2, 3)] == [5.0, 10.0, 20.0]
+    assert limits.backoff_s(30) == 300.0
 
 
 def test_scheduler_file_rejects_duplicate_workspaces(tmp_path) -> None:  # type: ignore[no-untyped-def]
