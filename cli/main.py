@@ -16,7 +16,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from cli import lens_verbs
+from cli import job_verbs, lens_verbs
 from cli.client import CliError, connect, read_bucket, submit
 from cli.output import load_settings, print_rows
 from libs.events import check_key
@@ -25,9 +25,6 @@ from libs.specs import SpecError
 
 SERVICE_VERBS = ("bootstrap", "scheduler", "bench-agent", "bench-coordinator", "lens-collector",
                  "failover")
-
-
-
 
 
 # --------------------------------------------------------------------------- services
@@ -76,15 +73,6 @@ def run_service_verb(args: argparse.Namespace) -> int:
 
 
 # --------------------------------------------------------------------------- verbs
-
-
-
-
-
-
-
-
-
 
 
 async def listing(spec: BucketSpec[R]) -> list[R]:
@@ -154,6 +142,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("submit", help="queue a job; prints its id")
     s.add_argument("file")
+    job_verbs.add_parsers(sub)
     for verb in ("jobs", "nodes", "faults"):
         sub.add_parser(verb, help=f"the {verb} table").add_argument("--json", action="store_true")
     s = sub.add_parser("explain", help="why a job is pending, where it runs")
@@ -184,7 +173,7 @@ def check_names(args: argparse.Namespace) -> None:
     tokens and bucket keys: a bad one is the user's error, named as such,
     never a traceback from deep inside a verb."""
     checks = [("node", "node name")]
-    if args.verb in ("explain", "lens"):
+    if args.verb in ("explain", "lens", *job_verbs.VERBS):
         checks.append(("job", "job id"))
     for attr, what in checks:
         value = getattr(args, attr, None)
@@ -210,6 +199,8 @@ def dispatch(args: argparse.Namespace) -> int:
     if args.verb == "submit":
         print(asyncio.run(submit(args.file)))
         return 0
+    if args.verb in job_verbs.VERBS:
+        return job_verbs.run(args)
     if args.verb == "jobs":
         rows = job_rows(asyncio.run(listing(JOBS)))
         print_rows(rows, args.json, ["job", "status", "attempt", "workers", "priority", "nodes",

@@ -1,0 +1,173 @@
+"""An operator's hand on a job, on a real bus with the real scheduler and
+real training workers (``examples/train_tiny.py``, DDP over gloo):
+``stop`` checkpoints and frees the GPUs, ``resume`` continues from that
+checkpoint, ``cancel`` is final, ``delete`` forgets; wrong ids and final
+states are clear errors; ``max_runtime_s`` and ``ttl_after_finished_s``
+are honoured."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from libs.bus import Bus
+from libs.drivers.local import reap_all
+from libs.events import JobSpec, JobSubmitted, JobSubmittedData
+from libs.sdk import latest_complete_checkpoint
+from tests.helpers import ROOT, ready_nodes, run_cli, until
+from tests.integration.test_scheduler_service import scheduler
+
+pytestmark = pytest.mark.timeout(300)
+
+TRAIN = str(ROOT / "examples" / "train_tiny.py")
+
+
+async def stored(bus: Bus, job: str) -> dict[str, Any] | None:
+    kv = await bus.kv("jobs")
+    try:
+        return json.loads((await kv.get(job)).value)
+    except Exception:
+        return None
+
+
+async def events_of(bus: Bus, job: str) -> list[str]:
+    last = (await bus.js.stream_info("CONTROL")).state.last_seq
+    docs = [json.loads((await bus.js.get_msg("CONTROL", s)).data) for s in range(1, last + 1)]
+    return [d["type"] for d in docs if d.get("job") == job]
+
+
+def cli(env: dict[str, str], *args: str) -> Any:
+    return run_cli(*args, env=env, timeout=180)
+
+
+async def test_stop_resume_cancel_delete(nats_url: str, bus: Bus, tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    config = tmp_path / "scheduler.yaml"
+    config.write_text("stop_grace_s: 20\nworkspaces:\n  - {name: default}\n")
+    await ready_nodes(bus, {"n1": (1, "r1"), "n2": (1, "r1")})
+    proc = scheduler(nats_url, state, tmp_path / "sched.log",
+                     PRIMUS_SCHEDULER_CONFIG=str(config))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PRIMUS_")}
+    env.update(PRIMUS_NATS_URL=nats_url)
+    job = "train"
+    spec = JobSpec(name=job, workers=2, gpus_per_worker=1, checkpoint_interval=10,
+                   command=["python", TRAIN, "--iterations", "100000"], workdir=str(ROOT))
+    try:
+        await bus.publish(JobSubmitted(source="test", job=job,
+                                       data=JobSubmittedData(spec=spec)))
+        ckpts = state / "checkpoints" / job
+
+        async def checkpointed() -> Any:
+            return latest_complete_checkpoint(ckpts, 2)
+
+        await until(checkpointed, "a first checkpoint", timeout=120)
+
+        # stop: the workers checkpoint where they are and exit; GPUs freed.
+        stop = await asyncio.to_thread(cli, env, "stop", job, "--reason", "maintenance",
+                                       "--json")
+        assert stop.returncode == 0, stop.stderr
+        answer = json.loads(stop.stdout)
+        assert answer["status"] == "stopped" and answer["changed"] is True
+        record = await stored(bus, job)
+        assert record is not None and record["status"] == "stopped"
+        assert record["slots"] == [] and record["retries"] == 0  # a stop spends no retry
+        assert "maintenance" in record["reason"] and record["stopped_by"]
+        at = latest_complete_checkpoint(ckpts, 2)
+        assert at is not None
+        logs = sorted((state / "jobs" / job / "attempt-1").glob("rank-*.log"))
+        assert all(f"stopped at iteration {at.iteration}" in p.read_text() for p in logs)
+
+        again = await asyncio.to_thread(cli, env, "stop", job, "--json")
+        assert again.returncode == 0 and json.loads(again.stdout)["changed"] is False
+
+        # resume: queued again, the next attempt starts from that checkpoint.
+        resume = await asyncio.to_thread(cli, env, "resume", job)
+        assert resume.returncode == 0, resume.stderr
+
+        async def resumed() -> bool:
+            log = state / "jobs" / job / "attempt-2" / "rank-0.log"
+            return log.exists() and f"resumed from checkpoint at iteration {at.iteration}" \
+                in log.read_text()
+
+        await until(resumed, "the second attempt to resume from the checkpoint", timeout=90)
+
+        # cancel: final. Resuming or stopping it then says why not.
+        cancel = await asyncio.to_thread(cli, env, "cancel", job, "--json")
+        assert cancel.returncode == 0, cancel.stderr
+        assert json.loads(cancel.stdout)["status"] == "cancelled"
+        refused = await asyncio.to_thread(cli, env, "resume", job)
+        assert refused.returncode == 1
+        assert f"cannot resume job {job}: it is cancelled, a final state" in refused.stderr
+        assert len(refused.stderr.strip().splitlines()) == 1
+        explain = (await asyncio.to_thread(cli, env, "explain", job)).stdout
+        assert f"job {job} (train): cancelled" in explain
+
+        unknown = await asyncio.to_thread(cli, env, "stop", "no-such-job")
+        assert unknown.returncode == 1 and "job no-such-job not found" in unknown.stderr
+        bad = await asyncio.to_thread(cli, env, "cancel", "bad.id")
+        assert bad.returncode == 1 and "not a valid name" in bad.stderr
+
+        # delete: forgotten by the scheduler; every event stays in the stream.
+        delete = await asyncio.to_thread(cli, env, "delete", job, "--json")
+        assert delete.returncode == 0, delete.stderr
+        assert json.loads(delete.stdout)["status"] == "deleted"
+        assert await stored(bus, job) is None
+        gone = await asyncio.to_thread(cli, env, "delete", job)
+        assert gone.returncode == 1 and "not found" in gone.stderr
+        kinds = await events_of(bus, job)
+        for kind in ("job.stop", "job.stopped", "job.resume", "job.cancel", "job.cancelled",
+                     "job.delete", "job.deleted"):
+            assert kind in kinds, kinds
+        assert kinds.count("job.placed") == 2
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        code = await asyncio.to_thread(proc.wait, 60)
+        reap_all(state)
+    assert code == 0
+
+
+async def test_max_runtime_and_ttl_after_finished(nats_url: str, bus: Bus,
+                                                  tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    config = tmp_path / "scheduler.yaml"
+    config.write_text("stop_grace_s: 2\nworkspaces:\n  - {name: default}\n")
+    await ready_nodes(bus, {"n1": (1, "r1")})
+    proc = scheduler(nats_url, state, tmp_path / "sched.log",
+                     PRIMUS_SCHEDULER_CONFIG=str(config))
+    try:
+        slow = JobSpec(name="slow", workers=1, gpus_per_worker=1, max_runtime_s=2,
+                       command=["python", "-c", "import time; time.sleep(600)"],
+                       workdir=str(ROOT))
+        await bus.publish(JobSubmitted(source="test", job="slow",
+                                       data=JobSubmittedData(spec=slow)))
+
+        async def failed() -> dict[str, Any] | None:
+            r = await stored(bus, "slow")
+            return r if r and r["status"] == "failed" else None
+
+        ended = await until(failed, "the job past its max_runtime_s to fail", timeout=60)
+        assert ended["code"] == "deadline" and "max_runtime_s (2 s)" in ended["reason"]
+        assert ended["retries"] == 0 and ended["slots"] == []
+
+        quick = JobSpec(name="quick", workers=1, gpus_per_worker=1, ttl_after_finished_s=1,
+                        command=["python", "-c", "pass"], workdir=str(ROOT))
+        await bus.publish(JobSubmitted(source="test", job="quick",
+                                       data=JobSubmittedData(spec=quick)))
+
+        async def forgotten() -> bool:
+            return "job.deleted" in await events_of(bus, "quick") \
+                and await stored(bus, "quick") is None
+
+        await until(forgotten, "the finished job to be forgotten after its TTL", timeout=60)
+        assert "job.completed" in await events_of(bus, "quick")
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        code = await asyncio.to_thread(proc.wait, 60)
+        reap_all(state)
+    assert code == 0
