@@ -145,10 +145,10 @@ def run(args: argparse.Namespace) -> int:
     console.print(f"{node}: {d.level} [{colour}]{outcome}[/]{retried} on {d.device} "
                   f"x{d.device_count} in {d.duration_s:.1f} s ({judged}) — {d.reason}")
     print_rows([f.model_dump() for f in d.figures], False, ["name", "value", "unit"],
-           f"{node} figures")
+           f"{node} figures", heading=True)
     if d.checks:
         print_rows([c.model_dump() for c in d.checks], False, ["name", "status", "detail"],
-               f"{node} checks")
+               f"{node} checks", heading=True)
     return 0 if d.passed else 1
 
 
@@ -175,7 +175,7 @@ def report(args: argparse.Namespace) -> int:
              for r in rows]
     print_rows(shown, False, ["node", "level", "gpu_model", "name", "value", "unit", "median",
                           "relative", "flagged", "peers", "outcome"],
-           "bench fleet (sorted by deviation from the median, worst first)")
+           "bench fleet (sorted by deviation from the median, worst first)", heading=True)
     return 0
 
 
@@ -212,7 +212,7 @@ def sweep(args: argparse.Namespace) -> int:
         print(reply.model_dump_json(indent=2))
     else:
         print_rows(rows, False, ["node", "outcome", "score", "retried", "reason"],
-                   f"sweep {reply.session} ({reply.seconds:.0f} s)")
+                   f"sweep {reply.session} ({reply.seconds:.0f} s)", heading=True)
         if reply.missing:
             console.print(f"[red]no result from: {', '.join(reply.missing)}[/]")
     return 0 if all(r["outcome"] != "failed" for r in rows) and not reply.missing else 1

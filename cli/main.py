@@ -18,7 +18,7 @@ from typing import Any
 
 from cli import job_verbs, lens_verbs
 from cli.client import CliError, connect, read_bucket, submit
-from cli.output import load_settings, print_rows
+from cli.output import add_output_flags, format_table, load_settings, print_rows, watch
 from libs.events import check_key
 from libs.records import FAULTS, JOBS, NODES, BucketSpec, JobRecord, NodeRecord, R
 from libs.specs import SpecError
@@ -86,18 +86,56 @@ async def listing(spec: BucketSpec[R]) -> list[R]:
 def job_rows(records: Iterable[JobRecord]) -> list[dict[str, Any]]:
     return [{
         "job": r.id, "status": r.status, "attempt": r.attempt,
+        "retry": f"{r.retries}/{r.spec.max_retry}",  # failed attempts of those allowed
         "workers": f"{r.spec.workers}x{r.spec.gpus_per_worker}",
-        "priority": r.spec.priority, "nodes": r.nodes,
+        "priority": r.spec.priority, "workspace": r.spec.workspace,
+        "nodes": r.nodes or (r.last_nodes if r.status != "pending" else []),
         "position": r.position if r.status == "pending" else None,
-        "reason": r.reason, "code": r.code, "retries": r.retries,
-    } for r in records]
+        "reason": r.reason, "code": r.code, "retries": r.retries, "max_retry": r.spec.max_retry,
+        "run_s": round(r.run_s, 1),
+    } for r in sorted(records, key=lambda r: r.submitted_at)]
 
 
 def node_rows(records: Iterable[NodeRecord]) -> list[dict[str, Any]]:
     return [{
         "node": r.name, "state": r.state, "ip": r.spec.ip, "gpu_model": r.spec.gpu_model,
-        "gpus": r.spec.gpu_count, "rack": r.spec.rack, "reason": r.reason,
-    } for r in records]
+        "gpus": r.spec.gpu_count, "rack": r.spec.rack, "pool": r.spec.pool,
+        "switch": r.spec.switch, "reason": r.reason,
+    } for r in sorted(records, key=lambda r: r.name)]
+
+
+# verb -> (columns, -o wide adds, the id column)
+TABLES: dict[str, tuple[list[str], list[str], str]] = {
+    "jobs": (["job", "status", "attempt", "retry", "workers", "nodes", "reason"],
+             ["priority", "workspace", "position", "code", "run_s"], "job"),
+    "nodes": (["node", "state", "gpus", "gpu_model", "rack", "reason"],
+              ["ip", "pool", "switch"], "node"),
+    "faults": (["fault_id", "key", "kind", "status", "jobs"], ["scope", "reason"], "fault_id"),
+}
+
+
+def table_rows(verb: str) -> list[dict[str, Any]]:
+    if verb == "jobs":
+        return job_rows(asyncio.run(listing(JOBS)))
+    if verb == "nodes":
+        return node_rows(asyncio.run(listing(NODES)))
+    faults = sorted(asyncio.run(listing(FAULTS)), key=lambda f: f.opened_at)
+    return [r.model_dump(mode="json", exclude={"version"}) for r in faults]
+
+
+def show_table(args: argparse.Namespace) -> int:
+    columns, wide, name = TABLES[args.verb]
+
+    def render() -> str:
+        rows = table_rows(args.verb)
+        return format_table(rows, [*columns, *wide] if args.output == "wide" else columns) \
+            if rows else f"No {args.verb} found."
+
+    if args.watch and not (args.json or args.output in ("json", "name")):
+        return watch(render, args.interval)
+    print_rows(table_rows(args.verb), args.json, columns, args.verb, output=args.output,
+               wide=wide, name=name)
+    return 0
 
 
 async def health(service: str, node: str | None) -> dict[str, Any]:
@@ -143,8 +181,8 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("submit", help="queue a job; prints its id")
     s.add_argument("file")
     job_verbs.add_parsers(sub)
-    for verb in ("jobs", "nodes", "faults"):
-        sub.add_parser(verb, help=f"the {verb} table").add_argument("--json", action="store_true")
+    for verb in TABLES:
+        add_output_flags(sub.add_parser(verb, help=f"the {verb} table"))
     s = sub.add_parser("explain", help="why a job is pending, where it runs")
     s.add_argument("job")
     s.add_argument("--json", action="store_true")
@@ -201,34 +239,21 @@ def dispatch(args: argparse.Namespace) -> int:
         return 0
     if args.verb in job_verbs.VERBS:
         return job_verbs.run(args)
-    if args.verb == "jobs":
-        rows = job_rows(asyncio.run(listing(JOBS)))
-        print_rows(rows, args.json, ["job", "status", "attempt", "workers", "priority", "nodes",
-                                 "position", "reason"], "jobs")
-        return 0
+    if args.verb in TABLES:
+        return show_table(args)
     if args.verb == "explain":
         from cli.explain import describe, explain
 
         doc = asyncio.run(explain(args.job, load_settings()))
         print(json.dumps(doc, indent=2, default=str) if args.json else describe(doc))
         return 0
-    if args.verb == "nodes":
-        rows = node_rows(asyncio.run(listing(NODES)))
-        print_rows(rows, args.json, ["node", "state", "ip", "gpu_model", "gpus", "rack", "reason"],
-               "nodes")
-        return 0
-    if args.verb in ("faults", "failover"):
+    if args.verb == "failover":
         faults = asyncio.run(listing(FAULTS))
-        rows = [r.model_dump(mode="json", exclude={"version"}) for r in faults]
-        if args.verb == "failover":
-            rows = [{**row, **r.timings()} for row, r in zip(rows, faults, strict=True)
-                    if r.failover and r.jobs]
-            print_rows(rows, args.json, ["fault_id", "key", "kind", "status", "jobs",
-                                         "detection_s", "mitigation_s", "replacement_s",
-                                         "first_step_s"], "recoveries")
-            return 0
-        print_rows(rows, args.json, ["fault_id", "key", "kind", "scope", "status", "jobs",
-                                     "reason"], "faults")
+        rows = [{**r.model_dump(mode="json", exclude={"version"}), **r.timings()}
+                for r in faults if r.failover and r.jobs]
+        print_rows(rows, args.json, ["fault_id", "key", "kind", "status", "jobs",
+                                     "detection_s", "mitigation_s", "replacement_s",
+                                     "first_step_s"], "recoveries")
         return 0
     if args.verb == "health":
         node = args.node or (load_settings().node_name if args.service == "bench-agent" else None)

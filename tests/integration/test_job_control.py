@@ -83,6 +83,16 @@ async def test_stop_resume_cancel_delete(nats_url: str, bus: Bus, tmp_path: Path
         logs = sorted((state / "jobs" / job / "attempt-1").glob("rank-*.log"))
         assert all(f"stopped at iteration {at.iteration}" in p.read_text() for p in logs)
 
+        # tables an operator can copy from: nothing cut, in a pipe at 40 columns
+        narrow = {**env, "COLUMNS": "40"}
+        table = (await asyncio.to_thread(cli, narrow, "jobs")).stdout.splitlines()
+        assert table[0].split()[:3] == ["JOB", "STATUS", "ATTEMPT"]
+        assert table[1].split()[:4] == [job, "stopped", "1", "0/3"]
+        assert "maintenance" in table[1]
+        assert (await asyncio.to_thread(cli, narrow, "jobs", "-o", "name")).stdout == f"{job}\n"
+        wide = (await asyncio.to_thread(cli, narrow, "jobs", "-o", "wide")).stdout
+        assert "WORKSPACE" in wide and "default" in wide
+
         again = await asyncio.to_thread(cli, env, "stop", job, "--json")
         assert again.returncode == 0 and json.loads(again.stdout)["changed"] is False
 
