@@ -193,6 +193,23 @@ class HeartbeatData(Frozen):
     interval_s: float = Field(gt=0)
 
 
+class AgentStoppingData(Frozen):
+    back_within_s: float = Field(ge=0, le=3600, description="how soon its agent expects to "
+                                 "beat again (a restart or an upgrade of the agent)")
+    reason: str = Field(default="", max_length=1000)
+
+
+class NodeAgentStopping(Event):
+    """A node's bench agent stops cleanly (SIGTERM: a restart, a rolling
+    upgrade of its DaemonSet). Its node and its workers run on; failover
+    waits ``back_within_s`` for the next heartbeat before it opens a fault."""
+
+    subject_template = "{root}.node.{node}.agent_stopping"
+    type: Literal["node.agent_stopping"] = "node.agent_stopping"
+    node: str
+    data: AgentStoppingData
+
+
 class NodeHeartbeat(Event):
     subject_template = "{root}.node.{node}.heartbeat"
     type: Literal["node.heartbeat"] = "node.heartbeat"
@@ -891,6 +908,7 @@ EVENT_TYPES: tuple[type[Event], ...] = (
     NodeStateChanged,
     NodeProvisioned,
     NodeRemoved,
+    NodeAgentStopping,
     NodeHeartbeat,
     BenchRequest,
     BenchResult,
@@ -925,6 +943,7 @@ AnyEvent = Annotated[
     | NodeStateChanged
     | NodeProvisioned
     | NodeRemoved
+    | NodeAgentStopping
     | NodeHeartbeat
     | BenchRequest
     | BenchResult

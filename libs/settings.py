@@ -45,6 +45,9 @@ class Settings(BaseSettings):
     node_name: str | None = Field(default=None, description="the node a bench agent runs on")
     heartbeat_interval_s: float = Field(default=1.0, gt=0)
     heartbeat_missed: int = Field(default=3, ge=1, description="missed beats that open a fault")
+    agent_restart_grace_s: float = Field(
+        default=120.0, ge=0, le=3600, description="bench agent: how soon it says it will beat "
+        "again when it stops cleanly (SIGTERM); failover waits that long before a fault")
     heartbeat_first_grace_s: float = Field(
         default=30.0, ge=0, description="how long a registered node's agent may take to send "
         "its first heartbeat (starting on a busy machine) before failover opens a fault")

@@ -23,12 +23,14 @@ from typing import Any
 
 from libs.bus import Bus
 from libs.events import (
+    AgentStoppingData,
     BenchCheck,
     BenchRendezvous,
     BenchRequest,
     BenchResult,
     BenchResultData,
     HeartbeatData,
+    NodeAgentStopping,
     NodeHeartbeat,
     NodeTelemetry,
 )
@@ -397,6 +399,17 @@ class BenchAgent:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        # Said after the last heartbeat went out (a beat behind it would mean
+        # "back"): the node and its workers run on while this agent restarts,
+        # and failover waits for it rather than evacuating them.
+        if self.bus is not None:
+            try:
+                await asyncio.wait_for(self.bus.publish(NodeAgentStopping(
+                    source=self.source, node=self.node, data=AgentStoppingData(
+                        back_within_s=self.settings.agent_restart_grace_s,
+                        reason="agent stopping (SIGTERM)"))), 2.0)
+            except Exception as exc:  # the bus is away: failover's deadline applies
+                self._log.warning("could not announce the stop", error=repr(exc))
 
     def health(self) -> dict[str, Any]:
         return {"heartbeats": self.beats, "bench_results": self.results,

@@ -3,7 +3,14 @@ and keep."""
 
 from __future__ import annotations
 
-from libs.events import BenchRequest, BenchResult, LogRecord, NodeHeartbeat, NodeTelemetry
+from libs.events import (
+    BenchRequest,
+    BenchResult,
+    LogRecord,
+    NodeAgentStopping,
+    NodeHeartbeat,
+    NodeTelemetry,
+)
 from libs.records import BENCH, NODES
 from libs.routes import Consumer, On, Routes, Serve
 from libs.topology import CONTROL
@@ -18,7 +25,7 @@ AGENT = Routes(
         Consumer("bench-agent-{node}", CONTROL, (On(BenchRequest, "on_bench_request"),),
                  batch=1, ack_wait_s=1800, summary="this node's bench requests"),
     ),
-    publishes=(NodeHeartbeat, NodeTelemetry, BenchResult, LogRecord),
+    publishes=(NodeHeartbeat, NodeAgentStopping, NodeTelemetry, BenchResult, LogRecord),
     calls=(PAIR, SHARE, TURN, PROGRESS),
 )
 

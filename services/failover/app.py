@@ -38,6 +38,7 @@ from libs.events import (
     JobStopped,
     JobTelemetry,
     LensAlert,
+    NodeAgentStopping,
     NodeHeartbeat,
     NodeRegistered,
     NodeStateChanged,
@@ -109,6 +110,15 @@ class Failover:
         back = self.monitor.beat(event.node, now)
         await self._act(self.book.observe("heartbeat_missed", event.node, bad=False, now=now)
                         if back else [])
+
+    async def on_agent_stopping(self, event: NodeAgentStopping) -> None:
+        """An agent restarts (a rolling upgrade): wait for it, within the
+        grace it announced, before its silence counts."""
+        now = time.time()
+        self.monitor.pause(event.node, now + event.data.back_within_s)
+        self._log.info("agent stopping; waiting for it", node=event.node,
+                       back_within_s=event.data.back_within_s, reason=event.data.reason)
+        await self._act([])
 
     async def on_node_registered(self, event: NodeRegistered) -> None:
         # Timed from when failover heard of it, whatever it was stamped.

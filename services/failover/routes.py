@@ -18,6 +18,7 @@ from libs.events import (
     JobTelemetry,
     LensAlert,
     LogRecord,
+    NodeAgentStopping,
     NodeHeartbeat,
     NodeRegistered,
     NodeStateChanged,
@@ -33,6 +34,7 @@ ROUTES = Routes(
     consumes=(
         Consumer("failover", CONTROL, (
             On(NodeHeartbeat, "on_heartbeat"),
+            On(NodeAgentStopping, "on_agent_stopping"),
             On(NodeRegistered, "on_node_registered"),
             On(NodeStateChanged, "on_node_state"),
             On(JobPlaced, "on_job_placed"),

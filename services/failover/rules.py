@@ -15,7 +15,9 @@ sender stamped on it (a clock in 2099 must not keep a node alive for good,
 nor an old stamp replayed after a restart kill it). A monitor that starts
 is blind until then: every node gets a full deadline to beat again. Only
 nodes the monitor was told about (registered with bootstrap) are judged: a
-beat from any other name is counted and otherwise ignored.
+beat from any other name is counted and otherwise ignored. An agent that
+stops cleanly says when it will be back (``pause``): until then its node's
+silence is an agent restart, not a dead node.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ class HeartbeatMonitor:
     first_beat_grace_s: float = 0.0  # for a node never heard; 0: the beat deadline
     deaf_until: float = float("-inf")  # the monitor could hear nothing until then
     unheard: set[str] = field(default_factory=set)  # watched, never beaten
+    quiet_until: dict[str, float] = field(default_factory=dict)  # announced agent stops
     unknown_beats: dict[str, int] = field(default_factory=dict)  # never registered: ignored
 
     @property
@@ -64,10 +67,17 @@ class HeartbeatMonitor:
         if at >= self.last_seen[node]:
             self.last_seen[node] = at
         self.unheard.discard(node)
+        self.quiet_until.pop(node, None)  # its agent is back
         if node in self.down:
             self.down.discard(node)
             return True
         return False
+
+    def pause(self, node: str, until: float) -> None:
+        """The node's agent stopped cleanly and expects to beat again by
+        ``until``: its silence until then says nothing about the node."""
+        if node in self.last_seen:
+            self.quiet_until[node] = max(until, self.quiet_until.get(node, until))
 
     def blind(self, now: float) -> None:
         """The monitor could not hear beats until ``now`` (its own link to
@@ -81,7 +91,8 @@ class HeartbeatMonitor:
             overdue = now - seen
             deadline = max(self.deadline_s, self.first_beat_grace_s) if node in self.unheard \
                 else self.deadline_s
-            if node not in self.down and now - max(seen, self.deaf_until) > deadline:
+            heard_from = max(seen, self.deaf_until, self.quiet_until.get(node, seen))
+            if node not in self.down and now - heard_from > deadline:
                 self.down.add(node)
                 found.append(MissedHeartbeat(node, seen, overdue))
         return found

@@ -67,6 +67,22 @@ def test_an_agent_never_heard_gets_the_first_beat_grace_not_the_deadline() -> No
     assert [m.node for m in mon.check(70.1)] == ["never"]  # an agent that never starts
 
 
+def test_an_agent_that_announced_its_stop_is_waited_for() -> None:
+    mon = HeartbeatMonitor(interval_s=1.0, missed=3)
+    mon.watch("a", 0.0, heard=True)
+    mon.beat("a", 10.0)
+    mon.pause("a", until=10.5 + 60)  # a rolling upgrade: back within 60 s
+    assert mon.check(60.0) == []
+    mon.beat("a", 65.0)  # back
+    assert mon.check(67.0) == []
+    mon.pause("a", until=70.0)
+    assert mon.check(72.9) == []
+    [missed] = mon.check(73.1)  # not back in time: the beat deadline runs from then
+    assert missed.node == "a" and missed.last_seen == 65.0
+    mon.pause("stranger", until=100.0)  # never registered: nothing to wait for
+    assert "stranger" not in mon.quiet_until
+
+
 def test_heartbeat_out_of_order_beats_do_not_move_time_back() -> None:
     mon = HeartbeatMonitor(interval_s=1.0, missed=2)
     mon.watch("a", 0.0)  # registered: only those are judged

@@ -1,0 +1,113 @@
+"""A rolling restart of every bench agent, one at a time, during a 2-node
+training job on the embedded stack (what upgrading the agent DaemonSet
+does): each agent stops cleanly and says so, stays away longer than the
+heartbeat deadline, and comes back. No node is quarantined, no fault is
+opened, the job is never restarted."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from libs.bus import Bus
+from libs.embedded import EmbeddedStack
+from libs.events import NodeHeartbeat, parse_event
+from tests.e2e.test_embedded_stack import bucket, poll
+from tests.helpers import ROOT, run_cli
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(400)]
+
+AWAY_S = 6.0  # twice the default heartbeat deadline (1 s x 3)
+
+
+def test_a_rolling_restart_of_the_agents_moves_nothing(tmp_path: Path) -> None:
+    stack = EmbeddedStack(tmp_path / "stack", nodes=2).start()
+    try:
+        asyncio.run(_rolling(stack, tmp_path))
+    finally:
+        codes = stack.stop()
+    assert codes == dict.fromkeys(codes, 0), f"unclean exits: {codes}; {stack.stragglers}"
+
+
+async def _rolling(stack: EmbeddedStack, tmp_path: Path) -> None:
+    assert stack.nats is not None
+    bus = await Bus.connect(stack.nats.url, "e2e", token=stack.nats.token)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PRIMUS_")}
+    env["PRIMUS_STATE_DIR"] = str(stack.state_dir)
+    beats: dict[str, int] = {}  # node -> the pid of the agent that beat last
+
+    async def on_beat(msg: Any) -> None:
+        event = parse_event(msg.data)
+        assert isinstance(event, NodeHeartbeat) and event.node is not None
+        beats[event.node] = event.data.pid
+
+    listener = await bus.nc.subscribe("safe.node.*.heartbeat", cb=on_beat)
+    try:
+        async def all_ready() -> bool:
+            nodes = await bucket(bus, "nodes")
+            return len(nodes) == 2 and all(n["state"] == "ready" for n in nodes.values())
+
+        await poll(all_ready, "nodes to be ready")
+        job_file = tmp_path / "job.yaml"
+        job_file.write_text("name: rolling\nworkers: 2\ngpus_per_worker: 1\n"
+                            "checkpoint_interval: 50\nmax_retry: 2\n"
+                            f"workdir: {ROOT}\n"
+                            "command: [python, examples/train_tiny.py, --iterations, '1000000']\n")
+        submitted = await asyncio.to_thread(run_cli, "submit", str(job_file), env=env)
+        assert submitted.returncode == 0, submitted.stderr
+        job = submitted.stdout.strip()
+
+        async def running() -> dict | None:  # type: ignore[type-arg]
+            record = (await bucket(bus, "jobs")).get(job)
+            return record if record and record["status"] == "running" else None
+
+        placed = await poll(running, "the job to run")
+        for node in stack.node_names:
+            name = f"agent-{node}"
+            proc = stack.procs[name]
+            os.killpg(proc.pid, signal.SIGTERM)  # what a DaemonSet rollout sends
+            assert await asyncio.to_thread(proc.wait, 30) == 0
+            await asyncio.sleep(AWAY_S)
+            new = stack.spawn(name, *stack.args[name])
+
+            async def back(node: str = node, pid: int = new.pid) -> bool:
+                return beats.get(node) == pid
+
+            await poll(back, f"{name} to beat again", timeout=60)
+        await asyncio.sleep(4.0)  # a fault decided late would show by now
+
+        record = (await bucket(bus, "jobs"))[job]
+        assert record["status"] == "running" and record["attempt"] == 1
+        assert record["retries"] == 0
+        # (an agent starved of CPU while onboarding on this 2-core machine may
+        # have missed beats before the job; what counts is nothing since)
+        faults = {k: f for k, f in (await bucket(bus, "faults")).items()
+                  if f["opened_at"] >= placed["started_at"]}
+        assert faults == {}, faults
+        nodes = await bucket(bus, "nodes")
+        assert {n: r["state"] for n, r in nodes.items()} == dict.fromkeys(stack.node_names,
+                                                                          "ready")
+        steps_before = await _last_iteration(bus, job)
+        await asyncio.sleep(2.0)
+        assert await _last_iteration(bus, job) > steps_before  # still training
+        started = time.monotonic()
+        cancel = await asyncio.to_thread(run_cli, "cancel", job, env=env, timeout=120)
+        assert cancel.returncode == 0, cancel.stderr
+        assert time.monotonic() - started < 60
+    finally:
+        await listener.unsubscribe()
+        await bus.close()
+
+
+async def _last_iteration(bus: Bus, job: str) -> int:
+    reply = await bus.request("safe.query.lens.query",
+                              {"query": "job_summary", "params": {"job": job}}, timeout_s=20)
+    assert reply["ok"], reply
+    rows = [dict(zip(reply["columns"], r, strict=True)) for r in reply["rows"]]
+    return int(rows[0]["last_iteration"]) if rows and rows[0]["last_iteration"] else 0
