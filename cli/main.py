@@ -16,7 +16,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from cli import job_verbs, lens_verbs
+from cli import job_verbs, lens_verbs, node_verbs
 from cli.client import CliError, connect, read_bucket, submit
 from cli.output import add_output_flags, format_table, load_settings, print_rows, watch
 from libs.events import check_key
@@ -98,7 +98,9 @@ def job_rows(records: Iterable[JobRecord]) -> list[dict[str, Any]]:
 
 def node_rows(records: Iterable[NodeRecord]) -> list[dict[str, Any]]:
     return [{
-        "node": r.name, "state": r.state, "ip": r.spec.ip, "gpu_model": r.spec.gpu_model,
+        "node": r.name, "state": r.state, "cordoned": r.cordoned,
+        "status": r.state + (",cordoned" if r.cordoned else ""),  # as kubectl shows it
+        "ip": r.spec.ip, "gpu_model": r.spec.gpu_model,
         "gpus": r.spec.gpu_count, "rack": r.spec.rack, "pool": r.spec.pool,
         "switch": r.spec.switch, "reason": r.reason,
     } for r in sorted(records, key=lambda r: r.name)]
@@ -108,7 +110,7 @@ def node_rows(records: Iterable[NodeRecord]) -> list[dict[str, Any]]:
 TABLES: dict[str, tuple[list[str], list[str], str]] = {
     "jobs": (["job", "status", "attempt", "retry", "workers", "nodes", "reason"],
              ["priority", "workspace", "position", "code", "run_s"], "job"),
-    "nodes": (["node", "state", "gpus", "gpu_model", "rack", "reason"],
+    "nodes": (["node", "status", "gpus", "gpu_model", "rack", "reason"],
               ["ip", "pool", "switch"], "node"),
     "faults": (["fault_id", "key", "kind", "status", "jobs"], ["scope", "reason"], "fault_id"),
 }
@@ -181,6 +183,7 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("submit", help="queue a job; prints its id")
     s.add_argument("file")
     job_verbs.add_parsers(sub)
+    node_verbs.add_parsers(sub)
     for verb in TABLES:
         add_output_flags(sub.add_parser(verb, help=f"the {verb} table"))
     s = sub.add_parser("explain", help="why a job is pending, where it runs")
@@ -239,6 +242,8 @@ def dispatch(args: argparse.Namespace) -> int:
         return 0
     if args.verb in job_verbs.VERBS:
         return job_verbs.run(args)
+    if args.verb in ("node", "fault"):
+        return node_verbs.run(args)
     if args.verb in TABLES:
         return show_table(args)
     if args.verb == "explain":

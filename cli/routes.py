@@ -6,13 +6,17 @@ from __future__ import annotations
 from libs.events import (
     BenchRequest,
     BenchResult,
+    FaultCloseRequested,
     JobCancelRequested,
     JobDeleteRequested,
     JobResumeRequested,
     JobStopRequested,
     JobSubmitted,
+    NodeCordonRequested,
+    NodeDrainRequested,
     NodeHeartbeat,
     NodeProvisioned,
+    NodeUncordonRequested,
 )
 from libs.records import BUCKETS
 from libs.routes import Empty, Endpoint, HealthReply, Routes, Serve
@@ -28,7 +32,8 @@ ROUTES = Routes(
     summary="the operator's primus-safe verbs: submit, stop, resume, cancel, delete, listings, "
             "bench, lens, bootstrap apply",
     publishes=(JobSubmitted, JobStopRequested, JobResumeRequested, JobCancelRequested,
-               JobDeleteRequested, NodeProvisioned, BenchRequest),
+               JobDeleteRequested, NodeCordonRequested, NodeUncordonRequested,
+               NodeDrainRequested, FaultCloseRequested, NodeProvisioned, BenchRequest),
     reads=BUCKETS,
     calls=(ADMISSION, APPLY, REMOVE, LENS_QUERY, REPORT, SEARCH, SWEEP, ANY_HEALTH),
     # bench run --wait watches its node's results and progress; up waits for heartbeats.

@@ -149,6 +149,10 @@ NodeStateName = Literal["registered", "preflight", "ready", "quarantined",
 class NodeStateData(Frozen):
     state: NodeStateName
     reason: str = ""
+    schedulable: bool = Field(default=True, description="false: cordoned by an operator; "
+                              "no new job is placed there, running ones stay")
+    drain: bool = Field(default=False, description="an operator drains the node: its jobs "
+                        "move away now (checkpointed, no retry spent)")
 
 
 class NodeStateChanged(Event):
@@ -191,6 +195,39 @@ class HeartbeatData(Frozen):
     seq: int = Field(ge=0)
     pid: int
     interval_s: float = Field(gt=0)
+
+
+class NodeCommandData(Frozen):
+    by: str = Field(default="", description="who asked (the operator's user name)")
+    reason: str = Field(default="", max_length=1000)
+
+
+class NodeCordonRequested(Event):
+    """An operator asks that no new job be placed on the node (running ones stay)."""
+
+    subject_template = "{root}.node.{node}.cordon"
+    type: Literal["node.cordon"] = "node.cordon"
+    node: str
+    data: NodeCommandData
+
+
+class NodeUncordonRequested(Event):
+    """An operator lets the scheduler place jobs on the node again."""
+
+    subject_template = "{root}.node.{node}.uncordon"
+    type: Literal["node.uncordon"] = "node.uncordon"
+    node: str
+    data: NodeCommandData
+
+
+class NodeDrainRequested(Event):
+    """An operator cordons the node and moves its jobs away (each checkpoints
+    and is queued again at the head, no retry spent)."""
+
+    subject_template = "{root}.node.{node}.drain"
+    type: Literal["node.drain"] = "node.drain"
+    node: str
+    data: NodeCommandData
 
 
 class AgentStoppingData(Frozen):
@@ -259,6 +296,9 @@ class BenchRequestData(Frozen):
     rendezvous: BenchRendezvous | None = Field(
         default=None, description="set: run only the multi-node collective with these nodes")
     sweep: BenchSweep | None = Field(default=None, description="set: part of a fleet sweep")
+    expires_at: datetime | None = Field(
+        default=None, description="an agent that reads it later skips it (a periodic re-bench "
+        "of a quarantined node is superseded by the next one)")
 
 
 class BenchRequest(Event):
@@ -642,10 +682,28 @@ class FaultOpened(Event):
 class FaultChangedData(Frozen):
     fault_id: str
     kind: str
+    reason: str = Field(default="", description="why it changed, for an operator's act")
+    by: str = Field(default="", description="who closed it, when an operator did")
     timings: dict[str, float | None] = Field(
         default_factory=dict,
         description="seconds from the last healthy sign: detection_s (opened), mitigation_s "
                     "(node quarantined or job told to restart), replacement_s, first_step_s")
+
+
+class FaultCloseData(Frozen):
+    fault_id: str
+    by: str = Field(default="", description="who asked (the operator's user name)")
+    reason: str = Field(default="", max_length=1000)
+
+
+class FaultCloseRequested(Event):
+    """An operator closes a fault (the cause is fixed or was not real); a
+    node of a closed fault returns through bench."""
+
+    subject_template = "{root}.fault.{node}.close"
+    type: Literal["fault.close"] = "fault.close"
+    node: str
+    data: FaultCloseData
 
 
 class FaultMitigated(Event):
@@ -909,6 +967,9 @@ EVENT_TYPES: tuple[type[Event], ...] = (
     NodeProvisioned,
     NodeRemoved,
     NodeAgentStopping,
+    NodeCordonRequested,
+    NodeUncordonRequested,
+    NodeDrainRequested,
     NodeHeartbeat,
     BenchRequest,
     BenchResult,
@@ -928,6 +989,7 @@ EVENT_TYPES: tuple[type[Event], ...] = (
     WorkerStarted,
     WorkerExited,
     FaultOpened,
+    FaultCloseRequested,
     FaultMitigated,
     FaultRecovered,
     FaultClosed,
@@ -944,6 +1006,9 @@ AnyEvent = Annotated[
     | NodeProvisioned
     | NodeRemoved
     | NodeAgentStopping
+    | NodeCordonRequested
+    | NodeUncordonRequested
+    | NodeDrainRequested
     | NodeHeartbeat
     | BenchRequest
     | BenchResult
@@ -963,6 +1028,7 @@ AnyEvent = Annotated[
     | WorkerStarted
     | WorkerExited
     | FaultOpened
+    | FaultCloseRequested
     | FaultMitigated
     | FaultRecovered
     | FaultClosed

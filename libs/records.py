@@ -77,6 +77,12 @@ class NodeRecord(Record):
     remove_by: Literal["kubespray"] | None = Field(
         default=None, description="kubespray: removed only once remove-node.yml has run")
     drained: bool = Field(default=False, description="draining and no job is left on it")
+    cordoned: bool = Field(default=False, description="an operator's hold: no new job is "
+                           "placed there (running ones stay; a drain moves them)")
+    cordoned_by: str = Field(default="", description="who cordoned or drained it, and why")
+    rebench_attempts: int = Field(default=0, description="re-benches since it was quarantined")
+    next_rebench_at: float | None = Field(default=None, description="when a quarantined node "
+                                          "is benched again (None: not scheduled)")
 
     @property
     def name(self) -> str:
@@ -163,6 +169,8 @@ class FaultRecord(Record):
     status: Literal["opened", "mitigated", "closed"] = "opened"
     mitigated_at: float | None = None
     closed_at: float | None = None
+    closed_by: str = Field(default="", description="the operator who closed it, if one did")
+    close_reason: str = ""
     replaced_at: dict[str, float] = Field(default_factory=dict, description="job -> re-placement")
     replaced_attempt: dict[str, int] = Field(default_factory=dict)
     first_step_at: dict[str, float] = Field(default_factory=dict, description="job -> first step")

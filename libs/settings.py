@@ -48,6 +48,13 @@ class Settings(BaseSettings):
     agent_restart_grace_s: float = Field(
         default=120.0, ge=0, le=3600, description="bench agent: how soon it says it will beat "
         "again when it stops cleanly (SIGTERM); failover waits that long before a fault")
+    rebench_first_s: float = Field(
+        default=60.0, gt=0, description="bootstrap: a quarantined node is benched again this "
+        "long after it left service, then after twice as long, up to rebench_max_interval_s")
+    rebench_max_interval_s: float = Field(default=3600.0, gt=0)
+    rebench_attempts: int = Field(
+        default=10, ge=0, description="re-benches of a quarantined node before it waits for an "
+        "operator (0: never re-bench by itself)")
     heartbeat_first_grace_s: float = Field(
         default=30.0, ge=0, description="how long a registered node's agent may take to send "
         "its first heartbeat (starting on a busy machine) before failover opens a fault")

@@ -18,6 +18,7 @@ import os
 import threading
 import time
 from collections.abc import Callable
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -175,6 +176,12 @@ class BenchAgent:
         if event.id in self._answered:
             return  # redelivered after we published: the result is out already
         data = event.data
+        if data.expires_at is not None and data.expires_at < datetime.now(UTC):
+            # A re-bench its asker has superseded (this agent was away): the
+            # next one, or none, stands; running each stale one would only delay.
+            self._log.info("bench request expired; skipped", request=event.id,
+                           expired_at=data.expires_at.isoformat())
+            return
         log = self._log.bind(request=event.id, level=data.level, attempt=data.attempt)
         log.info("bench started", reason=data.reason)
         self.busy = event.id

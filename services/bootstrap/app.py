@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import time
+from datetime import UTC, datetime
 from typing import Any
 
 from libs.bus import Bus
@@ -24,13 +26,18 @@ from libs.events import (
     BenchRequest,
     BenchRequestData,
     BenchResult,
+    Event,
+    FaultClosed,
     FaultOpened,
+    NodeCordonRequested,
+    NodeDrainRequested,
     NodeProvisioned,
     NodeRegistered,
     NodeRemoved,
     NodeRemovedData,
     NodeStateChanged,
     NodeStateData,
+    NodeUncordonRequested,
     new_event_id,
 )
 from libs.inventory import HostsFile, HostSpec
@@ -40,6 +47,7 @@ from libs.records import INVENTORY, JOBS, NODES, InventoryRecord, NodeRecord
 from libs.settings import Settings
 from libs.specs import load_model
 from libs.wiring import wire
+from services.bootstrap import rebench
 from services.bootstrap.onboarding import State, Trigger, step
 from services.bootstrap.plan import NodeChange, busy_jobs, diff_nodes
 from services.bootstrap.protocol import (
@@ -50,9 +58,13 @@ from services.bootstrap.protocol import (
     RemoveReply,
     RemoveRequest,
 )
+from services.bootstrap.rebench import RebenchPolicy
 from services.bootstrap.routes import ROUTES
 
 SOURCE = "bootstrap"
+NodeCommand = NodeCordonRequested | NodeUncordonRequested | NodeDrainRequested
+NODE_COMMANDS: dict[type[Event], str] = {
+    NodeCordonRequested: "cordon", NodeUncordonRequested: "uncordon", NodeDrainRequested: "drain"}
 
 
 def registration_id(host: HostSpec) -> str:
@@ -88,6 +100,9 @@ class Bootstrap:
         # Requests, bus events and drains all change self.nodes and the
         # bucket: one at a time, so a revision check never fails on ourselves.
         self._lock = asyncio.Lock()
+        self.rebench = RebenchPolicy(settings.rebench_first_s, settings.rebench_max_interval_s,
+                                     settings.rebench_attempts)
+        self._rebench_task: asyncio.Task[None] | None = None
         self._log = get_logger()
 
     async def start(self, bus: Bus) -> None:
@@ -99,6 +114,7 @@ class Bootstrap:
         if self.hosts is not None:
             await self.apply(self.hosts)
         await wire(bus, ROUTES, self)
+        self._rebench_task = asyncio.create_task(self._rebench_loop())
 
     async def apply(self, hosts: HostsFile, *, remove_with: str | None = None) -> list[NodeChange]:
         """Register what is new or changed, drain what left; nothing else.
@@ -165,15 +181,82 @@ class Bootstrap:
         else:
             await self._request_bench(host.name)
 
-    async def _request_bench(self, node: str, cause: str | None = None) -> None:
+    async def _request_bench(self, node: str, cause: str | None = None, *,
+                             reason: str = "onboarding",
+                             expires_at: datetime | None = None) -> None:
         assert self.bus is not None
         record = self.nodes[node]
         await self._set_state(node, "bench_requested", "onboarding preflight", cause=cause)
         await self.bus.publish(BenchRequest(
             id=f"{cause or record.registration}-bench", source=SOURCE, node=node,
-            data=BenchRequestData(level="quick", reason="onboarding",
-                                  expected_devices=record.spec.gpu_count),
+            data=BenchRequestData(level="quick", reason=reason,
+                                  expected_devices=record.spec.gpu_count,
+                                  expires_at=expires_at),
         ))
+
+    # ------------------------------------------------------------------ coming back
+
+    async def _rebench_loop(self) -> None:
+        """Quarantined nodes are benched again on their schedule (``rebench``)."""
+        period = max(0.2, min(5.0, self.rebench.first_s / 4))
+        while True:
+            await asyncio.sleep(period)
+            try:
+                async with self._lock:
+                    await self._rebench_due(time.time())
+            except Exception:  # this loop brings nodes back: it must live
+                self._log.exception("re-bench check failed")
+
+    async def _rebench_due(self, now: float) -> None:
+        for name, record in list(self.nodes.items()):
+            moved = rebench.due(record, now, self.rebench)
+            if moved is None:
+                continue
+            await self._save(moved)
+            attempt = moved.rebench_attempts
+            self._log.info("re-benching a quarantined node", node=name, attempt=attempt,
+                           of=self.rebench.attempts)
+            expires = (datetime.fromtimestamp(moved.next_rebench_at, UTC)
+                       if moved.next_rebench_at is not None else None)
+            await self._request_bench(
+                name, cause=f"{name}-rebench-{record.registration}-{int(now)}",
+                reason=f"re-bench {attempt} of {self.rebench.attempts} after quarantine",
+                expires_at=expires)
+
+    async def on_node_command(self, event: NodeCommand) -> None:
+        """An operator's cordon, uncordon or drain: a hold of theirs on the
+        node, kept in its record and carried by every ``node.state`` after."""
+        assert self.bus is not None
+        action = NODE_COMMANDS[type(event)]
+        async with self._lock:
+            record = self.nodes.get(event.node)
+            if record is None:
+                self._log.warning("command for a node bootstrap does not know",
+                                  node=event.node, action=action)
+                return
+            who = f" by {event.data.by}" if event.data.by else ""
+            why = f": {event.data.reason}" if event.data.reason else ""
+            said = {"cordon": "cordoned", "uncordon": "uncordoned", "drain": "drained"}[action] \
+                + who + why
+            cordoned = action != "uncordon"
+            await self.bus.publish(NodeStateChanged(
+                id=f"{event.node}-{action}-{event.id}", source=SOURCE, node=event.node,
+                data=NodeStateData(state=record.state, reason=said, schedulable=not cordoned,
+                                   drain=action == "drain")))
+            await self._save(record.model_copy(update={
+                "cordoned": cordoned, "cordoned_by": said if cordoned else ""}))
+            self._log.info("node " + said.split(" ")[0], node=event.node, by=event.data.by,
+                           reason=event.data.reason)
+
+    async def on_fault_closed(self, event: FaultClosed) -> None:
+        """A quarantined node whose fault an operator closed returns through
+        bench, now (DESIGN §5), not at its next scheduled re-bench."""
+        async with self._lock:
+            record = self.nodes.get(event.node)
+            if record is None or record.state != "quarantined" or record.cordoned:
+                return
+            await self._request_bench(event.node, cause=f"{event.id}-closed",
+                                      reason=f"fault {event.data.fault_id} closed")
 
     async def _start_drain(self, node: str, remove_with: str | None = None) -> None:
         record = self.nodes[node]
@@ -270,9 +353,15 @@ class Bootstrap:
         new: State = moved.state
         await self.bus.publish(NodeStateChanged(
             id=f"{node}-state-{cause or record.registration}-{new}",
-            source=SOURCE, node=node, data=NodeStateData(state=new, reason=moved.reason),
+            source=SOURCE, node=node, data=NodeStateData(state=new, reason=moved.reason,
+                                                         schedulable=not record.cordoned),
         ))
-        await self._save(record.model_copy(update={"state": new, "reason": moved.reason}))
+        changed = record.model_copy(update={"state": new, "reason": moved.reason})
+        if new == "quarantined":
+            changed = rebench.on_quarantine(changed, time.time(), self.rebench)
+        elif new == "ready":
+            changed = rebench.on_ready(changed)
+        await self._save(changed)
         self._log.info("node state", node=node, state=new, reason=moved.reason)
 
     async def _current_hosts(self, boot: HostsFile | None) -> HostsFile | None:
@@ -309,8 +398,9 @@ class Bootstrap:
         self.nodes[record.name] = record
 
     async def stop(self) -> None:
-        for task in self._drains.values():
-            task.cancel()
+        for task in [*self._drains.values(), self._rebench_task]:
+            if task is not None:
+                task.cancel()
 
     def health(self) -> dict[str, Any]:
         states: dict[str, int] = {}

@@ -5,12 +5,16 @@ from __future__ import annotations
 from libs.events import (
     BenchRequest,
     BenchResult,
+    FaultClosed,
     FaultOpened,
     LogRecord,
+    NodeCordonRequested,
+    NodeDrainRequested,
     NodeProvisioned,
     NodeRegistered,
     NodeRemoved,
     NodeStateChanged,
+    NodeUncordonRequested,
 )
 from libs.records import INVENTORY, JOBS, NODES
 from libs.routes import Consumer, On, Routes, Serve
@@ -24,7 +28,11 @@ ROUTES = Routes(
         Consumer("bootstrap", CONTROL, (
             On(BenchResult, "on_bench_result"),
             On(FaultOpened, "on_fault_opened"),
-        ), summary="verdicts and faults move nodes through onboarding"),
+            On(FaultClosed, "on_fault_closed"),
+            On(NodeCordonRequested, "on_node_command"),
+            On(NodeUncordonRequested, "on_node_command"),
+            On(NodeDrainRequested, "on_node_command"),
+        ), summary="verdicts, faults and operators' holds move nodes through onboarding"),
         # Its own durable: an existing "bootstrap" consumer keeps its filter on
         # upgrade (the bus leaves consumers as they are), so it would never see these.
         Consumer("bootstrap-provisioned", CONTROL, (

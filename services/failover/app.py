@@ -24,6 +24,7 @@ from libs.events import (
     BenchResult,
     FaultChangedData,
     FaultClosed,
+    FaultCloseRequested,
     FaultMitigated,
     FaultOpened,
     FaultOpenedData,
@@ -119,6 +120,14 @@ class Failover:
         self._log.info("agent stopping; waiting for it", node=event.node,
                        back_within_s=event.data.back_within_s, reason=event.data.reason)
         await self._act([])
+
+    async def on_fault_close(self, event: FaultCloseRequested) -> None:
+        """An operator closes a fault; one unknown or closed already is logged."""
+        decisions = self.book.close(event.data.fault_id, time.time(), by=event.data.by,
+                                    reason=event.data.reason)
+        if not decisions:
+            self._log.info("close of a fault that is not open", fault=event.data.fault_id)
+        await self._act(decisions)
 
     async def on_node_registered(self, event: NodeRegistered) -> None:
         # Timed from when failover heard of it, whatever it was stamped.
@@ -219,7 +228,8 @@ class Failover:
         assert self.bus is not None
         f = d.fault
         node = f.key
-        changed = FaultChangedData(fault_id=f.fault_id, kind=f.kind, timings=f.timings())
+        changed = FaultChangedData(fault_id=f.fault_id, kind=f.kind, timings=f.timings(),
+                                   by=f.closed_by, reason=f.close_reason)
         if d.action == "open":
             await self.bus.publish(FaultOpened(
                 id=f.fault_id, source=SOURCE, node=node, data=FaultOpenedData(

@@ -120,6 +120,18 @@ class FaultBook:
                 out.append(Decision("close", fault))
         return out
 
+    def close(self, fault_id: str, now: float, *, by: str = "", reason: str = ""
+              ) -> list[Decision]:
+        """An operator closes a fault (fixed, or never real). A closed fault
+        stays closed; its node comes back through bench (bootstrap)."""
+        fault = self.faults.get(fault_id)
+        if fault is None or fault.status == "closed":
+            return []
+        fault.status, fault.closed_at = "closed", now
+        fault.closed_by, fault.close_reason = by, reason
+        self.streaks.pop((fault.kind, fault.key), None)
+        return [Decision("close", fault)]
+
     def job_placed(self, job: str, attempt: int, now: float) -> None:
         """A job a fault moved was placed again (its first placement after)."""
         for fault in self.faults.values():

@@ -5,6 +5,7 @@ from __future__ import annotations
 from libs.events import (
     BenchResult,
     FaultClosed,
+    FaultCloseRequested,
     FaultMitigated,
     FaultOpened,
     FaultRecovered,
@@ -46,6 +47,7 @@ ROUTES = Routes(
             On(BenchResult, "on_bench_result"),
             On(WorkerExited, "on_worker_exited"),
             On(LensAlert, "on_lens_alert"),
+            On(FaultCloseRequested, "on_fault_close"),
         ), batch=256, summary="every fault source, in stream order"),
         Consumer("failover-steps", TELEMETRY, (On(JobTelemetry, "on_job_steps"),),
                  mode="batch", batch=1024,

@@ -220,10 +220,15 @@ class Scheduler:
             node = self.state.nodes.get(event.node)
             if node is not None:
                 node.state = event.data.state
+                node.cordoned = not event.data.schedulable  # an operator's hold
+                fact: lifecycle.Fact | None = None
                 if node.state != "ready":
                     # A node left service: its gangs stop and are re-placed
                     # first in the queue, preferring their healthy nodes.
                     fact = lifecycle.NodeLost(event.node, event.data.reason)
+                elif event.data.drain:
+                    fact = lifecycle.Drain(event.node, event.data.reason)
+                if fact is not None:
                     for job in list(self.state.jobs.values()):
                         await self._apply(job, fact)
 

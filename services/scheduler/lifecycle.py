@@ -88,6 +88,15 @@ class NodeLost:
 
 
 @dataclass(frozen=True)
+class Drain:
+    """An operator drains a node: its gangs checkpoint and move away, queued
+    again at the head of their class, no retry spent."""
+
+    node: str
+    reason: str
+
+
+@dataclass(frozen=True)
 class Recover:
     reason: str
     exclude: tuple[str, ...] = ()
@@ -126,8 +135,8 @@ class Expired:
     ttl_s: float
 
 
-Fact = (Placed | LaunchFailed | Exited | NodeLost | Recover | Preempt | Refuse | Command
-        | StopTimedOut | Deadline | Expired)
+Fact = (Placed | LaunchFailed | Exited | NodeLost | Drain | Recover | Preempt | Refuse
+        | Command | StopTimedOut | Deadline | Expired)
 
 # ------------------------------------------------------------------ effects
 
@@ -278,6 +287,15 @@ def apply(job: JobRecord, fact: Fact, now: float, limits: Limits) -> Step:
             return _exited(draft, fact, now, limits)
         case NodeLost():
             return _node_lost(draft, fact, now, limits)
+        case Drain():
+            if draft.job.status != "running" or fact.node not in draft.job.nodes:
+                return Step(job)
+            # The node is cordoned (nothing is placed there): no exclusion to
+            # outlive the drain, only a preference for the gang's other nodes.
+            draft.job.prefer_nodes = sorted(set(draft.job.nodes) - {fact.node})
+            _stop(draft, "preempted", f"node {fact.node} {fact.reason}", now,
+                  grace_s=limits.stop_grace_s)
+            return draft.done()
         case Recover():
             return _recover(draft, fact, now, limits)
         case Preempt():

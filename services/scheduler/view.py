@@ -57,7 +57,8 @@ def policy_nodes(state: SchedulerState) -> list[policy.Node]:
     the one place a node record becomes the placement core's node."""
     return [policy.Node(name=n.name, gpus=n.spec.gpu_count, gpu_model=n.spec.gpu_model,
                         rack=n.spec.rack, switch=n.spec.switch, ip=n.spec.ip,
-                        state=_NODE_STATE.get(n.state, "unready"), pool=n.spec.pool)
+                        state="unready" if n.cordoned else _NODE_STATE.get(n.state, "unready"),
+                        pool=n.spec.pool)
             for n in state.nodes.values()]
 
 

@@ -181,3 +181,66 @@ async def test_max_runtime_and_ttl_after_finished(nats_url: str, bus: Bus,
         code = await asyncio.to_thread(proc.wait, 60)
         reap_all(state)
     assert code == 0
+
+
+async def test_drain_moves_a_job_without_spending_a_retry(nats_url: str, bus: Bus,
+                                                         tmp_path: Path) -> None:
+    """`node drain`: the job checkpoints, leaves the node and runs on from its
+    checkpoint elsewhere; the node is cordoned until `node uncordon`."""
+    from libs.settings import Settings
+    from services.bootstrap.app import Bootstrap
+
+    state = tmp_path / "state"
+    await ready_nodes(bus, {"n1": (1, "r1"), "n2": (1, "r1"), "n3": (1, "r1")})
+    bootstrap = Bootstrap(Settings(nats_url=nats_url, state_dir=tmp_path / "boot"))
+    await bootstrap.start(bus)  # no hosts file: it keeps the nodes it finds
+    proc = scheduler(nats_url, state, tmp_path / "sched.log")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PRIMUS_")}
+    env.update(PRIMUS_NATS_URL=nats_url)
+    job = "moved"
+    spec = JobSpec(name=job, workers=2, gpus_per_worker=1, checkpoint_interval=10,
+                   max_retry=0, command=["python", TRAIN, "--iterations", "100000"],
+                   workdir=str(ROOT))
+    try:
+        await bus.publish(JobSubmitted(source="test", job=job,
+                                       data=JobSubmittedData(spec=spec)))
+
+        async def checkpointed() -> Any:
+            return latest_complete_checkpoint(state / "checkpoints" / job, 2)
+
+        await until(checkpointed, "a first checkpoint", timeout=120)
+        first = await stored(bus, job)
+        assert first is not None
+        victim = first["slots"][0]["node"]
+        drain = await asyncio.to_thread(cli, env, "node", "drain", victim, "--reason",
+                                        "firmware", "--json")
+        assert drain.returncode == 0, drain.stderr
+        assert json.loads(drain.stdout)["moved"] == [job]
+
+        async def moved() -> dict[str, Any] | None:
+            r = await stored(bus, job)
+            return r if r and r["status"] == "running" and r["attempt"] == 2 else None
+
+        again = await until(moved, "the job to run on the other nodes", timeout=90)
+        assert victim not in [s["node"] for s in again["slots"]]
+        assert again["retries"] == 0  # max_retry 0: a drain must not spend one
+        at = latest_complete_checkpoint(state / "checkpoints" / job, 2)
+        assert at is not None
+
+        async def resumed() -> bool:
+            log = state / "jobs" / job / "attempt-2" / "rank-0.log"
+            return log.exists() and "resumed from checkpoint" in log.read_text()
+
+        await until(resumed, "attempt 2 to resume from the checkpoint", timeout=60)
+        nodes = json.loads((await asyncio.to_thread(cli, env, "nodes", "--json")).stdout)
+        assert {n["node"]: n["cordoned"] for n in nodes}[victim] is True
+        back = await asyncio.to_thread(cli, env, "node", "uncordon", victim)
+        assert back.returncode == 0, back.stderr
+        cancel = await asyncio.to_thread(cli, env, "cancel", job)
+        assert cancel.returncode == 0, cancel.stderr
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        code = await asyncio.to_thread(proc.wait, 60)
+        await bootstrap.stop()
+        reap_all(state)
+    assert code == 0

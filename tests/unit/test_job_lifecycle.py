@@ -190,6 +190,20 @@ def test_the_clock_times_out_stops_deadlines_and_ttls() -> None:
     assert lc.apply(finished, expired, 80.0, LIMITS).record is None
 
 
+def test_a_drain_moves_the_gang_without_spending_a_retry() -> None:
+    step = lc.apply(running(max_retry=0), lc.Drain("a", "drained by ops"), 20.0, LIMITS)
+    moving = step.record
+    assert moving is not None and moving.after_stop == "preempted"
+    assert moving.prefer_nodes == ["b"] and moving.exclude_nodes == []
+    assert step.effects[-1] == StopWorkers(LIMITS.stop_grace_s)
+    for rank, node in enumerate(("a", "b")):
+        out = lc.apply(moving, Exited(1, rank, 0, node), 21.0, LIMITS).record
+        assert out is not None
+        moving = out
+    assert moving.status == "pending" and moving.retries == 0 and moving.preempted
+    assert lc.apply(job(), lc.Drain("a", "x"), 1.0, LIMITS).effects == ()  # nothing there
+
+
 def test_a_new_leader_finishes_what_the_last_one_started() -> None:
     assert lc.on_restart(running(), LIMITS) == (Announce("placed"), Launch())
     stopping = lc.apply(running(), Command("stop"), 20.0, LIMITS).record
@@ -226,6 +240,7 @@ op = st.one_of(
     st.tuples(st.just("exit"), st.integers(0, 2), st.integers(0, 1),
               st.sampled_from([0, 0, 1, -9, -15]), st.booleans()),
     st.tuples(st.just("node_lost"), st.sampled_from(sorted(NODES))),
+    st.tuples(st.just("drain"), st.sampled_from(sorted(NODES))),
     st.tuples(st.just("recover"), st.integers(0, 2)),
     st.tuples(st.just("preempt"), st.integers(0, 2)),
     st.tuples(st.just("command"), st.integers(0, 2),
@@ -319,9 +334,11 @@ def test_random_sequences_keep_the_lifecycle_sound(
             # A new leader reads every record back from JSON.
             world.jobs = {n: JobRecord.model_validate_json(r.model_dump_json())
                           for n, r in world.jobs.items()}
-        elif kind == "node_lost":
+        elif kind in ("node_lost", "drain"):
+            fact = (lc.NodeLost(str(o[1]), "gone") if kind == "node_lost"
+                    else lc.Drain(str(o[1]), "drained"))
             for name in list(world.jobs):
-                step_world(world, name, lc.NodeLost(str(o[1]), "gone"))
+                step_world(world, name, fact)
         else:
             name = names[int(o[1]) % len(names)]  # type: ignore[call-overload]
             if name not in world.jobs:
