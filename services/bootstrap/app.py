@@ -311,6 +311,11 @@ class Bootstrap:
         return False
 
     async def on_bench_result(self, event: BenchResult) -> None:
+        if event.data.trigger == "probe":
+            # A periodic probe is one check, judged by failover's rules (a
+            # fault quarantines the node); its recovery must not return a
+            # node quarantined for another cause. Only a bench run does that.
+            return
         async with self._lock:
             if self._known(event):
                 await self._set_state(

@@ -149,8 +149,11 @@ class Failover:
         await self._act(self.book.job_ended(event.job, time.time()))
 
     async def on_bench_result(self, event: BenchResult) -> None:
+        # A periodic probe's report (its agent counted the failing streak) is
+        # probe_failed; a bench run's verdict is bench_failed.
+        kind = "probe_failed" if event.data.trigger == "probe" else "bench_failed"
         await self._act(self.book.observe(
-            "bench_failed", event.node, bad=not event.data.passed, now=time.time(),
+            kind, event.node, bad=not event.data.passed, now=time.time(),
             reason=event.data.reason, jobs=self._jobs_on(event.node)))
 
     async def on_worker_exited(self, event: WorkerExited) -> None:

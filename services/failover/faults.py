@@ -1,8 +1,9 @@
 """Fault rules and fault records (pure: no I/O, the clock is passed in).
 
 Observations come from every fault source — missed heartbeats, failing
-health probes, bench verdicts, Lens alerts, worker exit codes, Kubernetes
-node conditions — as (kind, key, bad?) facts. Rules from configuration say,
+health probes, bench verdicts, Lens alerts, worker exit codes — as (kind,
+key, bad?) facts; every default rule has a producer (README, "Fault
+kinds"). Rules from configuration say,
 per kind, how many bad observations in a row open a fault, whether it is
 about a node (quarantine it, move its jobs) or a job (restart it from its
 checkpoint), and whether failover acts at all. ``FaultBook`` turns facts
@@ -27,7 +28,7 @@ Scope = Literal["node", "job"]
 
 class FaultRule(Frozen):
     kind: str = Field(description="heartbeat_missed, probe_failed, bench_failed, "
-                                  "worker_infra_exit, node_condition, or alert:<lens rule>")
+                                  "worker_infra_exit, or alert:<lens rule>")
     scope: Scope = "node"
     consecutive: int = Field(default=1, ge=1, description="bad observations in a row to open")
     failover: bool = Field(default=True, description="act (quarantine / restart) or only record")
@@ -48,10 +49,11 @@ class FailoverRules(Frozen):
 
 DEFAULT_RULES: tuple[FaultRule, ...] = (
     FaultRule(kind="heartbeat_missed"),
-    FaultRule(kind="probe_failed", consecutive=3),
+    # The agent reports a probe only after its own failing streak
+    # (failures_before_report): one report is enough here.
+    FaultRule(kind="probe_failed"),
     FaultRule(kind="bench_failed"),
     FaultRule(kind="worker_infra_exit", consecutive=2),
-    FaultRule(kind="node_condition"),
     FaultRule(kind="alert:job_hang", scope="job"),
     FaultRule(kind="alert:loss_nonfinite", scope="job"),
     FaultRule(kind="alert:throughput_low", scope="job", failover=False),

@@ -188,3 +188,42 @@ async def _all(bus: Bus, subject: str) -> list[Any]:
         return out
     finally:
         await sub.unsubscribe()
+
+
+async def test_a_failing_probe_quarantines_through_failover_and_its_recovery_does_not_return(
+        nats_url: str, bus: Bus, tmp_path: Path) -> None:
+    """The probe_failed rule has its producer: a probe report from the agent
+    opens a fault (bootstrap does not act on probes itself); the probe's
+    recovery report does not bring the node back: a bench run does."""
+    settings = Settings(nats_url=nats_url, state_dir=tmp_path, rebench_first_s=600,
+                        heartbeat_missed=10_000)
+    agent = Agent(bus)
+    await agent.start()
+    bootstrap = Bootstrap(settings, local_hosts(1))
+    failover = Failover(settings)
+    await bootstrap.start(bus)
+    await failover.start(bus)
+    try:
+        async def in_state(state: str) -> bool:
+            record = await state_of(bus, "node-1")
+            return record is not None and record.state == state
+
+        await until(lambda: in_state("ready"), "onboarding")
+
+        def probe(passed: bool) -> BenchResult:
+            return BenchResult(source="test", node="node-1", data=BenchResultData(
+                level="quick", passed=passed, trigger="probe", device="cpu", device_count=1,
+                gpu_model="cpu", duration_s=0.0, outcome="healthy" if passed else "failed",
+                reason="temp ok" if passed else "temp failed 3 time(s) in a row: 101 °C"))
+
+        await bus.publish(probe(False))
+        await until(lambda: in_state("quarantined"), "the probe fault to quarantine the node")
+        [fault] = (await (await bus.records(FAULTS)).load()).values()
+        assert fault.kind == "probe_failed" and "101 °C" in fault.reason
+        await bus.publish(probe(True))
+        await settled(bus, "bootstrap")
+        assert await in_state("quarantined")  # a probe's recovery is not a bench pass
+    finally:
+        await failover.stop()
+        await bootstrap.stop()
+        await agent.sub.unsubscribe()
