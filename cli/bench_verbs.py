@@ -1,4 +1,4 @@
-"""``primus-safe bench run``, ``bench report`` and ``bench sweep``.
+"""``primus-safe bench run``, ``bench report``, ``bench sweep`` and ``bench search``.
 
 ``bench run`` asks a node's agent for a level, shows each step as the agent
 reports it, and for the standard and full levels waits for the coordinator's
@@ -24,13 +24,18 @@ from rich.status import Status
 
 from cli.client import CliError, connect, read_bucket
 from cli.output import load_settings, print_rows
+from libs.bus import Bus
 from libs.events import BenchRequest, BenchRequestData, BenchResult, check_key
-from libs.records import NODES
+from libs.records import JOBS, NODES
+from services.bench.busy import busy_nodes, why_busy
 from services.bench.protocol import (
     PROGRESS,
     REPORT,
+    SEARCH,
     SWEEP,
     BenchProgress,
+    SearchReply,
+    SearchRequest,
     SweepReply,
     SweepRequest,
 )
@@ -56,8 +61,22 @@ class Watch:
         return self.request_id in (event.data.request_id, event.data.retry_of)
 
 
-async def _run(node: str, level: str, timeout_s: float, status: Status | None) -> Watch:
+async def _refuse_busy(bus: Bus, nodes: list[str]) -> None:
+    """Bench never disturbs training unless the operator says --force."""
+    busy = busy_nodes((await read_bucket(bus, JOBS, missing_ok=True)).values())
+    if held := [n for n in nodes if n in busy]:
+        raise CliError("; ".join(why_busy(n, busy[n]) for n in held))
+
+
+async def _run(node: str, level: str, timeout_s: float, status: Status | None,
+               force: bool = False) -> Watch:
     bus = await connect(load_settings())
+    if not force:
+        try:
+            await _refuse_busy(bus, [node])
+        except CliError:
+            await bus.close()
+            raise
     request = BenchRequest(source="cli", node=node,
                            data=BenchRequestData(level=level, reason="operator"))  # type: ignore[arg-type]
     watch = Watch(request.id)
@@ -129,7 +148,7 @@ def _finished(watch: Watch, level: str) -> bool:
 def run(args: argparse.Namespace) -> int:
     node = check_key(args.node, "node name")
     with console.status(f"{args.level} bench on {node}: asking its agent") as status:
-        watch = asyncio.run(_run(node, args.level, args.timeout, status))
+        watch = asyncio.run(_run(node, args.level, args.timeout, status, args.force))
     final = watch.verdict or watch.agent
     assert final is not None
     d = final.data
@@ -179,7 +198,8 @@ def report(args: argparse.Namespace) -> int:
     return 0
 
 
-async def _sweep(nodes: list[str], level: str, turns: bool, timeout_s: float) -> SweepReply:
+async def _sweep(nodes: list[str], level: str, turns: bool, timeout_s: float,
+                 force: bool = False) -> SweepReply:
     bus = await connect(load_settings())
     try:
         if not nodes:
@@ -187,7 +207,8 @@ async def _sweep(nodes: list[str], level: str, turns: bool, timeout_s: float) ->
         if not nodes:
             raise CliError("no nodes: name them with --nodes or register them with bootstrap")
         reply = await bus.ask(SWEEP, SweepRequest(nodes=nodes, level=level,  # type: ignore[arg-type]
-                                                  turns=turns), timeout_s=timeout_s)
+                                                  turns=turns, force=force),
+                              timeout_s=timeout_s)
     except CliError:
         raise
     except Exception as exc:
@@ -202,17 +223,79 @@ async def _sweep(nodes: list[str], level: str, turns: bool, timeout_s: float) ->
 
 
 def sweep(args: argparse.Namespace) -> int:
-    """Needs in cli/main.py: a ``sweep`` sub-parser with --nodes (comma list),
-    --level, --turns, --timeout, --json, dispatched here."""
+    """``bench sweep``: the coordinator measures the nodes side by side and
+    judges them against each other; nodes that run a job are skipped."""
     nodes = [check_key(n, "node name") for n in (args.nodes or "").split(",") if n]
     with console.status(f"{args.level} sweep of {len(nodes) or 'all'} node(s)"):
-        reply = asyncio.run(_sweep(nodes, args.level, args.turns, args.timeout))
+        reply = asyncio.run(_sweep(nodes, args.level, args.turns, args.timeout, args.force))
     rows = [{"node": n, **v.model_dump()} for n, v in sorted(reply.verdicts.items())]
     if args.json:
         print(reply.model_dump_json(indent=2))
     else:
         print_rows(rows, False, ["node", "outcome", "score", "retried", "reason"],
                    f"sweep {reply.session} ({reply.seconds:.0f} s)", heading=True)
+        for node, why in sorted(reply.skipped.items()):
+            console.print(f"[yellow]skipped {node}[/]: {why} (--force to bench it anyway)")
         if reply.missing:
             console.print(f"[red]no result from: {', '.join(reply.missing)}[/]")
     return 0 if all(r["outcome"] != "failed" for r in rows) and not reply.missing else 1
+
+
+async def _search(nodes: list[str], healthy: list[str] | None, timeout_s: float,
+                  force: bool) -> SearchReply:
+    bus = await connect(load_settings())
+    try:
+        reply = await bus.ask(SEARCH, SearchRequest(nodes=nodes, healthy=healthy, force=force),
+                              timeout_s=timeout_s)
+    except Exception as exc:
+        raise CliError(f"bench-coordinator did not finish the search ({exc!r}); "
+                       "is it running?") from None
+    finally:
+        await bus.close()
+    if not reply.ok:
+        raise CliError(f"search refused: {reply.error}")
+    assert isinstance(reply, SearchReply)
+    return reply
+
+
+def search(args: argparse.Namespace) -> int:
+    """``bench search NODE NODE...``: a collective over these nodes failed;
+    split them against healthy partners until the bad one(s) are found."""
+    nodes = [check_key(n, "node name") for n in args.nodes]
+    if len(nodes) < 2:
+        raise CliError("bench search needs at least two nodes (those a failing collective ran on)")
+    healthy = [check_key(n, "node name") for n in args.healthy.split(",") if n] \
+        if args.healthy else None
+    with console.status(f"searching {len(nodes)} nodes for the bad one(s)"):
+        reply = asyncio.run(_search(nodes, healthy, args.timeout, args.force))
+    if args.json:
+        print(reply.model_dump_json(indent=2))
+    else:
+        for line in reply.log:
+            console.print(f"[dim]{line}[/]")
+        print(f"bad: {', '.join(reply.bad) or 'none found'}; cleared: "
+              f"{', '.join(reply.cleared) or '-'}"
+              + (f"; inconclusive: {reply.inconclusive}" if reply.inconclusive else "")
+              + f" ({reply.rounds} round(s), {reply.tests} test(s))")
+    return 1 if reply.bad else 0
+
+
+def add_parsers(bsub: Any) -> None:
+    """``bench sweep`` and ``bench search`` (``run`` and ``report`` are in cli/main.py)."""
+    s = bsub.add_parser("sweep", help="measure nodes side by side and judge them against "
+                                      "each other (nodes that run a job are skipped)")
+    s.add_argument("--nodes", help="comma-separated (default: every registered node)")
+    s.add_argument("--level", choices=["standard", "full"], default="standard")
+    s.add_argument("--turns", action="store_true",
+                   help="the nodes share hardware (local nodes): measure one at a time")
+    s.add_argument("--force", action="store_true", help="also nodes that run a job")
+    s.add_argument("--timeout", type=float, default=1800)
+    s.add_argument("--json", action="store_true")
+    s = bsub.add_parser("search", help="find the bad node(s) of a failing collective by "
+                                       "binary split against healthy partners")
+    s.add_argument("nodes", nargs="+", help="the nodes the collective ran on")
+    s.add_argument("--healthy", help="comma-separated partners known good (default: the "
+                                     "coordinator's healthy nodes)")
+    s.add_argument("--force", action="store_true", help="also nodes that run a job")
+    s.add_argument("--timeout", type=float, default=1800)
+    s.add_argument("--json", action="store_true")

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from cli.client import CliError, connect, lens_query, read_bucket
-from libs.records import JOBS, JobRecord
+from libs.records import JOBS, NODES, JobRecord
 from libs.settings import Settings
 
 
@@ -21,6 +21,8 @@ async def explain(job: str, settings: Settings) -> dict[str, Any]:
         record = (await read_bucket(bus, JOBS)).get(job)
         if record is None:
             raise CliError(f"no job {job!r}; `primus-safe jobs` lists them")
+        nodes = await read_bucket(bus, NODES, missing_ok=True)
+        degraded = sorted({n for n in record.nodes if n in nodes and nodes[n].degraded})
         note = None
         try:
             history = await lens_query(bus, "events", job=job, node="", limit=500)
@@ -29,7 +31,8 @@ async def explain(job: str, settings: Settings) -> dict[str, Any]:
     finally:
         await bus.close()
     doc: dict[str, Any] = {"job": record.model_dump(mode="json"), "history": history,
-                           "logs": worker_logs(Path(settings.state_dir), job, record.attempt)}
+                           "logs": worker_logs(Path(settings.state_dir), job, record.attempt),
+                           "degraded_nodes": degraded}
     if note is not None:
         doc["history_note"] = note
     return doc
@@ -53,6 +56,10 @@ def describe(doc: dict[str, Any]) -> str:
     if r.holds_gpus:
         where = ", ".join(f"rank {s.rank} on {s.node}" for s in r.slots)
         lines.append(f"runs on: {where}")
+        if doc.get("degraded_nodes"):
+            lines.append(f"on degraded node(s): {', '.join(doc['degraded_nodes'])} (their bench "
+                         "passed below their fleet; used because healthy nodes could not hold "
+                         "the gang)")
         if r.status == "stopping":
             then = {"requeue": "queued again", "preempted": "queued again at the head",
                     "fail": "failed", "stop": "stopped (resumable)", "cancel": "cancelled",

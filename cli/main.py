@@ -99,7 +99,10 @@ def job_rows(records: Iterable[JobRecord]) -> list[dict[str, Any]]:
 def node_rows(records: Iterable[NodeRecord]) -> list[dict[str, Any]]:
     return [{
         "node": r.name, "state": r.state, "cordoned": r.cordoned,
-        "status": r.state + (",cordoned" if r.cordoned else ""),  # as kubectl shows it
+        "degraded": r.degraded,
+        # as kubectl shows it: the state, then what qualifies it
+        "status": r.state + (",degraded" if r.degraded else "") + (",cordoned" if r.cordoned
+                                                                     else ""),
         "ip": r.spec.ip, "gpu_model": r.spec.gpu_model,
         "gpus": r.spec.gpu_count, "rack": r.spec.rack, "pool": r.spec.pool,
         "switch": r.spec.switch, "reason": r.reason,
@@ -201,9 +204,12 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--node", required=True)
     s.add_argument("--level", choices=["quick", "standard", "full"], default="quick")
     s.add_argument("--timeout", type=float, default=300)
+    s.add_argument("--force", action="store_true", help="bench it even if it runs a job")
     s.add_argument("--json", action="store_true")
     s = bsub.add_parser("report", help="every node's figures against its GPU model's median")
     s.add_argument("--json", action="store_true")
+    from cli import bench_verbs
+    bench_verbs.add_parsers(bsub)
 
     lens_verbs.add_parser(sub)
     return p
@@ -278,7 +284,9 @@ def dispatch(args: argparse.Namespace) -> int:
     if args.verb == "bench":
         from cli import bench_verbs
 
-        return bench_verbs.run(args) if args.bench_verb == "run" else bench_verbs.report(args)
+        verbs = {"run": bench_verbs.run, "report": bench_verbs.report,
+                 "sweep": bench_verbs.sweep, "search": bench_verbs.search}
+        return verbs[args.bench_verb](args)
     raise CliError(f"unknown verb {args.verb}")
 
 

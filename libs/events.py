@@ -153,6 +153,8 @@ class NodeStateData(Frozen):
                               "no new job is placed there, running ones stay")
     drain: bool = Field(default=False, description="an operator drains the node: its jobs "
                         "move away now (checkpointed, no retry spent)")
+    degraded: bool = Field(default=False, description="its last bench passed but below its "
+                           "fleet: the scheduler uses it last, or not at all")
 
 
 class NodeStateChanged(Event):

@@ -80,6 +80,8 @@ class NodeRecord(Record):
     cordoned: bool = Field(default=False, description="an operator's hold: no new job is "
                            "placed there (running ones stay; a drain moves them)")
     cordoned_by: str = Field(default="", description="who cordoned or drained it, and why")
+    degraded: bool = Field(default=False, description="its last bench passed but below its "
+                           "fleet: used last, or not at all (the scheduler's degraded_nodes)")
     rebench_attempts: int = Field(default=0, description="re-benches since it was quarantined")
     next_rebench_at: float | None = Field(default=None, description="when a quarantined node "
                                           "is benched again (None: not scheduled)")

@@ -35,6 +35,7 @@ from libs.leader import LeaderElection, NotLeader, follow
 from libs.logs import get_logger
 from libs.records import (
     BENCH,
+    JOBS,
     BenchPending,
     BenchProbe,
     BenchRecord,
@@ -44,6 +45,7 @@ from libs.records import (
 from libs.routes import Empty
 from libs.settings import Settings
 from libs.wiring import Wiring, wire
+from services.bench.busy import busy_nodes, why_busy
 from services.bench.config import ConfigFile
 from services.bench.fleet import (
     NodeFigure,
@@ -178,12 +180,31 @@ class BenchCoordinator:
         assert self.multinode is not None
         return await self.multinode.pair(request)
 
+    async def _busy(self) -> dict[str, str]:
+        assert self.bus is not None
+        return busy_nodes((await (await self.bus.records(JOBS)).load()).values())
+
     async def on_search(self, request: SearchRequest) -> SearchReply:
         assert self.multinode is not None
+        if not request.force:
+            busy = await self._busy()
+            named = [*request.nodes, *(request.healthy or [])]
+            if held := [n for n in named if n in busy]:
+                return SearchReply(ok=False, error="; ".join(why_busy(n, busy[n]) for n in held))
         return await self.multinode.search(request)
 
     async def on_sweep(self, request: SweepRequest) -> SweepReply:
-        return await self.sweeps.run(request)
+        skipped: dict[str, str] = {}
+        if not request.force:
+            busy = await self._busy()
+            skipped = {n: f"runs job {busy[n]}" for n in request.nodes if n in busy}
+            left = [n for n in request.nodes if n not in skipped]
+            if not left:
+                return SweepReply(ok=False, skipped=skipped,
+                                  error="every node named runs a job; --force to bench anyway")
+            request = request.model_copy(update={"nodes": left})
+        reply = await self.sweeps.run(request)
+        return reply.model_copy(update={"skipped": skipped})
 
     def peers(self, node: str, gpu_model: str, now: float) -> dict[str, dict[str, float]]:
         """Latest standard/full figures of the other nodes of this model, without

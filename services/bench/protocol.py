@@ -51,6 +51,7 @@ class PairReply(Reply):
 class SearchRequest(BaseModel):
     nodes: list[str] = Field(min_length=2, description="a collective over them failed")
     healthy: list[str] | None = Field(default=None, description="default: nodes judged healthy")
+    force: bool = Field(default=False, description="also on nodes that run a job")
 
 
 class SearchReply(Reply):
@@ -66,6 +67,7 @@ class SweepRequest(BaseModel):
     nodes: list[str] = Field(min_length=1)
     level: Literal["standard", "full"] = "standard"
     turns: bool = Field(default=False, description="nodes share hardware: measure in turns")
+    force: bool = Field(default=False, description="also nodes that run a job (else skipped)")
 
 
 class SweepVerdict(BaseModel):
@@ -82,6 +84,7 @@ class SweepReply(Reply):
     verdicts: dict[str, SweepVerdict] = Field(default_factory=dict)
     missing: list[str] = Field(default_factory=list)
     suspects: list[str] = Field(default_factory=list)
+    skipped: dict[str, str] = Field(default_factory=dict, description="node -> why not measured")
     seconds: float = 0.0
     first_pass_s: float = 0.0
 

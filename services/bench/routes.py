@@ -11,7 +11,7 @@ from libs.events import (
     NodeHeartbeat,
     NodeTelemetry,
 )
-from libs.records import BENCH, NODES
+from libs.records import BENCH, JOBS, NODES
 from libs.routes import Consumer, On, Routes, Serve
 from libs.topology import CONTROL
 from services.bench.protocol import PAIR, PROGRESS, REPORT, SEARCH, SHARE, SWEEP, TURN
@@ -39,7 +39,7 @@ COORDINATOR = Routes(
     ),
     publishes=(BenchRequest, BenchResult, LogRecord),
     owns=(BENCH,),
-    reads=(NODES,),  # a partner's address
+    reads=(NODES, JOBS),  # a partner's address; nodes that run a job are not benched
     serves=(
         Serve(REPORT, "on_report", queue="bench-coordinator", leader=True),
         Serve(PAIR, "on_pair", queue="bench-coordinator", leader=True),

@@ -318,9 +318,28 @@ class Bootstrap:
             return
         async with self._lock:
             if self._known(event):
+                reason = f"bench {event.data.level}: {event.data.reason}"
                 await self._set_state(
                     event.node, "bench_passed" if event.data.passed else "bench_failed",
-                    f"bench {event.data.level}: {event.data.reason}", cause=event.id)
+                    reason, cause=event.id)
+                if event.data.passed:
+                    await self._set_degraded(event.node, event.data.outcome == "degraded",
+                                             reason, cause=event.id)
+
+    async def _set_degraded(self, node: str, degraded: bool, reason: str, cause: str) -> None:
+        """A passing bench says whether the node is below its fleet; the
+        scheduler uses a degraded node last (or not at all)."""
+        assert self.bus is not None
+        record = self.nodes[node]
+        if record.degraded == degraded:
+            return
+        await self.bus.publish(NodeStateChanged(
+            id=f"{node}-degraded-{cause}-{int(degraded)}", source=SOURCE, node=node,
+            data=NodeStateData(state=record.state, reason=reason,
+                               schedulable=not record.cordoned, degraded=degraded)))
+        await self._save(record.model_copy(update={"degraded": degraded, "reason": reason}))
+        self._log.info("node degraded" if degraded else "node no longer degraded", node=node,
+                       reason=reason)
 
     async def on_fault_opened(self, event: FaultOpened) -> None:
         if event.data.scope != "node" or not event.data.quarantine:
@@ -359,7 +378,8 @@ class Bootstrap:
         await self.bus.publish(NodeStateChanged(
             id=f"{node}-state-{cause or record.registration}-{new}",
             source=SOURCE, node=node, data=NodeStateData(state=new, reason=moved.reason,
-                                                         schedulable=not record.cordoned),
+                                                         schedulable=not record.cordoned,
+                                                         degraded=record.degraded),
         ))
         changed = record.model_copy(update={"state": new, "reason": moved.reason})
         if new == "quarantined":

@@ -221,6 +221,7 @@ class Scheduler:
             if node is not None:
                 node.state = event.data.state
                 node.cordoned = not event.data.schedulable  # an operator's hold
+                node.degraded = event.data.degraded
                 fact: lifecycle.Fact | None = None
                 if node.state != "ready":
                     # A node left service: its gangs stop and are re-placed
@@ -434,7 +435,8 @@ class Scheduler:
     async def cycle(self) -> None:
         now = time.time()
         t0 = time.perf_counter()
-        snap, held = build_snapshot(self.state, self.workspaces, now)
+        snap, held = build_snapshot(self.state, self.workspaces, now,
+                                    self.config.degraded_nodes)
         # Jobs that cannot run stay out of the queue: a FIFO head the
         # cluster cannot hold today would otherwise block every later job.
         snap, verdicts = admission.screen(snap, self._fleet(), self.config.priorities)

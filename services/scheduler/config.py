@@ -59,6 +59,9 @@ class SchedulerFile(Frozen):
     stop_grace_s: float = Field(
         default=30.0, ge=0, description="time a job an operator stops, cancels or deletes (or "
         "one past its max_runtime_s) has to checkpoint before SIGKILL")
+    degraded_nodes: Literal["last", "never"] = Field(
+        default="last", description="nodes whose bench was degraded (below their fleet): "
+        "last: used only when healthy nodes cannot hold a gang; never: not used")
     workspaces: list[WorkspaceConfig] = Field(
         default_factory=lambda: [WorkspaceConfig(name="default")], min_length=1)
     pools: list[PoolConfig] = Field(default_factory=list,

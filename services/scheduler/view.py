@@ -52,21 +52,27 @@ def worker_slots(slots: tuple[policy.Slot, ...]) -> list[WorkerSlot]:
     return [WorkerSlot(rank=i, node=node, gpus=gpus) for i, (node, gpus) in enumerate(slots)]
 
 
-def policy_nodes(state: SchedulerState) -> list[policy.Node]:
+def policy_nodes(state: SchedulerState, degraded_nodes: str = "last") -> list[policy.Node]:
     """Every registered node, in the policy's terms (only ready ones are used):
-    the one place a node record becomes the placement core's node."""
+    the one place a node record becomes the placement core's node. A
+    cordoned node is not ready; a degraded one is used last, or (``never``)
+    not at all."""
+    def node_state(n: NodeRecord) -> policy.NodeState:
+        if n.cordoned or (n.degraded and degraded_nodes == "never"):
+            return "unready"
+        return _NODE_STATE.get(n.state, "unready")
+
     return [policy.Node(name=n.name, gpus=n.spec.gpu_count, gpu_model=n.spec.gpu_model,
                         rack=n.spec.rack, switch=n.spec.switch, ip=n.spec.ip,
-                        state="unready" if n.cordoned else _NODE_STATE.get(n.state, "unready"),
-                        pool=n.spec.pool)
+                        state=node_state(n), pool=n.spec.pool, degraded=n.degraded)
             for n in state.nodes.values()]
 
 
 def snapshot(state: SchedulerState, workspaces: list[policy.Workspace], now: float,
-             ) -> tuple[policy.Snapshot, dict[str, policy.Pending]]:
+             degraded_nodes: str = "last") -> tuple[policy.Snapshot, dict[str, policy.Pending]]:
     """The policy's view, and the pending jobs answered before the policy."""
     known = {w.name for w in workspaces}
-    nodes = policy_nodes(state)
+    nodes = policy_nodes(state, degraded_nodes)
     running, pending = [], []
     held: dict[str, policy.Pending] = {}
     for job in state.jobs.values():

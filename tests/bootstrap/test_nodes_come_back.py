@@ -39,7 +39,7 @@ class Agent:
     def __init__(self, bus: Bus) -> None:
         self.bus = bus
         self.requests: list[BenchRequest] = []
-        self.verdicts: list[bool] = []
+        self.verdicts: list[bool | str] = []  # pass/fail, or "degraded" (a pass below its fleet)
 
     async def start(self) -> None:
         self.sub = await self.bus.nc.subscribe("safe.bench.*.request", cb=self._on)
@@ -48,13 +48,16 @@ class Agent:
         event = parse_event(msg.data)
         assert isinstance(event, BenchRequest)
         self.requests.append(event)
-        passed = self.verdicts.pop(0) if self.verdicts else True
+        verdict = self.verdicts.pop(0) if self.verdicts else True
+        passed = verdict is not False
+        outcome = "degraded" if verdict == "degraded" else "healthy" if passed else "failed"
         await self.bus.publish(BenchResult(
             id=f"{event.id}-result", source="test", node=event.node, data=BenchResultData(
                 level="quick", request_id=event.id, passed=passed,
-                reason="all checks passed" if passed else "GEMM result wrong",
+                reason={"healthy": "all checks passed", "degraded": "GEMM 12% below its fleet",
+                        "failed": "GEMM result wrong"}[outcome],
                 device="cpu", device_count=1, gpu_model="cpu", duration_s=0.1,
-                outcome="healthy" if passed else "failed")))
+                outcome=outcome)))  # type: ignore[arg-type]
 
 
 async def settled(bus: Bus, durable: str) -> None:
@@ -225,5 +228,37 @@ async def test_a_failing_probe_quarantines_through_failover_and_its_recovery_doe
         assert await in_state("quarantined")  # a probe's recovery is not a bench pass
     finally:
         await failover.stop()
+        await bootstrap.stop()
+        await agent.sub.unsubscribe()
+
+
+async def test_a_degraded_verdict_marks_the_node_and_a_healthy_one_clears_it(
+        nats_url: str, bus: Bus, tmp_path: Path) -> None:
+    settings = Settings(nats_url=nats_url, state_dir=tmp_path, heartbeat_missed=10_000)
+    agent = Agent(bus)
+    agent.verdicts = ["degraded"]
+    await agent.start()
+    bootstrap = Bootstrap(settings, local_hosts(1))
+    await bootstrap.start(bus)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PRIMUS_")}
+    env["PRIMUS_NATS_URL"] = nats_url
+    try:
+        async def degraded() -> bool:
+            record = await state_of(bus, "node-1")
+            return record is not None and record.state == "ready" and record.degraded
+
+        await until(degraded, "the degraded verdict")
+        listing = await asyncio.to_thread(run_cli, "nodes", env=env)
+        assert "ready,degraded" in listing.stdout and "12% below its fleet" in listing.stdout
+        said = [parse_event(m.data) for m in await _all(bus, "safe.node.node-1.state")]
+        assert any(isinstance(e, NodeStateChanged) and e.data.degraded for e in said)
+        await bootstrap._request_bench("node-1", cause="again")  # the next run is healthy
+
+        async def healthy() -> bool:
+            record = await state_of(bus, "node-1")
+            return record.state == "ready" and not record.degraded
+
+        await until(healthy, "a healthy verdict to clear it")
+    finally:
         await bootstrap.stop()
         await agent.sub.unsubscribe()

@@ -37,6 +37,9 @@ class Node:
     ip: str = ""
     state: NodeState = "ready"
     pool: str = "default"
+    degraded: bool = False
+    """Passed bench, but below its fleet: used only when healthy nodes cannot
+    hold a gang (with ``degraded_nodes: never`` it is not ready at all)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -49,6 +49,14 @@ class Shortfall:
 
 
 def find_placement(state: ClusterState, req: Request) -> Found | Shortfall:
+    if state.degraded:
+        # Degraded nodes last: a gang goes there only if healthy ones cannot hold it.
+        with state.what_if():
+            for i in (*req.exclude, *state.degraded):
+                state.mask(i)
+            found = _find(state, req)
+        if isinstance(found, Found):
+            return found
     if req.exclude:
         with state.what_if():
             for i in req.exclude:

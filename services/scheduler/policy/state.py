@@ -78,6 +78,7 @@ class ClusterState:
         self.gpus: list[int] = [max(0, n.gpus) for n in self.nodes]
         self.free: list[int] = list(self.gpus)
         self.masked = bytearray(len(self.nodes))
+        self.degraded: list[int] = [i for i, n in enumerate(self.nodes) if n.degraded]
         self.workspaces: dict[str, Workspace] = {w.name: w for w in workspaces}
         self.cells: list[Cell] = []
         self.cell_of: list[Cell | None] = [None] * len(self.nodes)
