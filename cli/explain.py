@@ -87,13 +87,14 @@ def describe(doc: dict[str, Any]) -> str:
         lines.append("history:")
         for e in doc["history"]:
             data = json.loads(e["data"]) if isinstance(e["data"], str) else e["data"]
-            lines.append(f"  {e['time']}  {e['type']:<15} {_summary(e['type'], data)}")
+            lines.append(f"  {e['time']}  {e['type']:<15} {summary(e['type'], data)}")
     elif doc.get("history_note"):
         lines.append(f"history unavailable: {doc['history_note']}")
     return "\n".join(lines)
 
 
-def _summary(kind: str, data: dict[str, Any]) -> str:
+def summary(kind: str, data: dict[str, Any]) -> str:
+    """One event's data as a short line (``explain`` and ``lens job``)."""
     if kind == "job.placed":
         return "attempt {} on {}".format(data["attempt"],
                                          ", ".join(w["node"] for w in data["workers"]))
@@ -105,4 +106,8 @@ def _summary(kind: str, data: dict[str, Any]) -> str:
         return f"attempt {data['attempt']} rank {data['rank']}{code}{why}"
     if kind == "job.preempted":
         return f"by {data['preemptor']} (grace {data['grace_s']} s)"
-    return data.get("reason", "") if isinstance(data, dict) else ""
+    if not isinstance(data, dict):
+        return ""
+    # operators' requests (job.stop, ...) and their outcomes (job.stopped, ...)
+    who = f"by {data['by']}" if data.get("by") else ""
+    return ": ".join(p for p in (who, data.get("reason", "")) if p)

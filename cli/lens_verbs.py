@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from cli.client import CliError, connect, lens_query
+from cli.output import format_table
 from libs.settings import Settings
 
 
@@ -104,6 +105,9 @@ async def job_data(bus: Any, job: str, limit: int) -> dict[str, Any]:
         "throughput": await lens_query(bus, "job_throughput", job=job),
         "checkpoints": await lens_query(bus, "job_checkpoints", job=job),
         "alerts": await lens_query(bus, "alerts", job=job),
+        # placements, stops, resumes, cancels: the job's lifecycle as events
+        "lifecycle": [e for e in await lens_query(bus, "events", job=job, node="", limit=500)
+                      if e["type"].startswith("job.") and e["type"] != "job.pending"],
     }
 
 
@@ -130,6 +134,10 @@ def show(args: argparse.Namespace, result: Any) -> None:
         table(result["checkpoints"], ["iteration", "rank", "checkpoint_bytes",
                                       "checkpoint_duration_s", "checkpoint_path"], "checkpoints")
         table(result["alerts"], ["state", "rule", "subject", "opened_at", "message"], "alerts")
+        from cli.explain import summary
+        table([{**e, "detail": summary(e["type"], json.loads(e["data"]) if isinstance(
+            e["data"], str) else e["data"])} for e in result["lifecycle"]],
+            ["time", "type", "detail"], "lifecycle")
     elif verb == "node":
         s = result["summary"]
         if not s.get("samples"):
@@ -149,17 +157,12 @@ def show(args: argparse.Namespace, result: Any) -> None:
 
 
 def table(rows: list[dict[str, Any]], columns: list[str], title: str) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
+    """A titled plain table (nothing cut short, one row per line)."""
     if not rows:
         return
-    t = Table(title=title)
-    for col in columns:
-        t.add_column(col)
-    for row in rows:
-        t.add_row(*[_cell(row.get(c)) for c in columns])
-    Console().print(t)
+    print(f"{title}:")
+    print(format_table([{c: _cell(row.get(c)) for c in columns} for row in rows], columns))
+    print()
 
 
 def _cell(value: Any) -> str:
@@ -167,8 +170,7 @@ def _cell(value: Any) -> str:
         return ""
     if isinstance(value, float):
         return f"{value:.4g}"
-    text = value if isinstance(value, str) else json.dumps(value, default=str)
-    return text if len(text) <= 120 else text[:117] + "..."
+    return value if isinstance(value, str) else json.dumps(value, default=str)
 
 
 def _num(value: Any) -> str:

@@ -377,8 +377,9 @@ class BenchAgent:
 
     async def _report_probe(self, report: Report) -> None:
         """A probe failed N times in a row: say so once, as a failed bench result
-        (bootstrap quarantines, failover sees it). A recovery is only logged:
-        the node returns to service by passing a bench again."""
+        with trigger ``probe`` (failover opens a probe_failed fault, which
+        quarantines the node). A recovery is only logged: the node returns to
+        service by passing a bench again."""
         assert self.bus is not None
         if not report.failed:
             self._log.info("probe recovered", check=report.name, after=report.consecutive)

@@ -16,8 +16,12 @@ import pytest
 
 from libs.bus import DEADLETTER, REASON_HEADER, Bus, dlq_subject
 from libs.events import (
+    JobChangedData,
+    JobCommandData,
     JobCompleted,
     JobEndedData,
+    JobStopped,
+    JobStopRequested,
     JobTelemetry,
     JobTelemetryData,
     LogRecord,
@@ -104,8 +108,17 @@ async def test_telemetry_events_logs_and_alerts_end_to_end(
     assert alerts[0]["state"] == "open" and alerts[0]["severity"] == "warning"
     control = await bus.js.stream_info("CONTROL")
     assert control.state.messages >= 1  # the alert is a CONTROL event, stored as history
+    await bus.publish(JobStopRequested(source="cli", job="j1", data=JobCommandData(
+        by="ops@login-1", reason="kernel upgrade")))
+    await bus.publish(JobStopped(source="scheduler", job="j1", data=JobChangedData(
+        attempt=1, reason="stopped by ops@login-1: kernel upgrade", by="ops@login-1")))
     await bus.publish(JobCompleted(source="scheduler", job="j1", data=JobEndedData(
         attempt=1, duration_s=5)))
+
+    async def ended() -> bool:
+        return any(e["type"] == "job.completed" for e in await lens(bus, "events", job="j1"))
+
+    await until(ended, "the job's lifecycle in the history")
 
     env = {k: v for k, v in os.environ.items() if not k.startswith("PRIMUS_")}
     env.update(PRIMUS_NATS_URL=nats_url, PRIMUS_STATE_DIR=str(tmp_path / "state"))
@@ -114,8 +127,10 @@ async def test_telemetry_events_logs_and_alerts_end_to_end(
     job = json.loads(shown.stdout)
     assert job["summary"]["last_iteration"] == 5 and job["summary"]["checkpoints"] == 1
     assert job["checkpoints"][0]["checkpoint_bytes"] == 1024
+    assert [e["type"] for e in job["lifecycle"]] == ["job.stop", "job.stopped", "job.completed"]
     text = await asyncio.to_thread(run_cli, "lens", "job", "j1", env=env)
     assert "iterations up to 5" in text.stdout
+    assert "job.stopped" in text.stdout and "by ops@login-1: kernel upgrade" in text.stdout
     node = json.loads((await asyncio.to_thread(run_cli, "lens", "node", "node-a", "--json",
                                                env=env)).stdout)
     assert len(node["gpus"]) == 4 and node["summary"]["gpus"] == 4
