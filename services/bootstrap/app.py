@@ -181,17 +181,14 @@ class Bootstrap:
         else:
             await self._request_bench(host.name)
 
-    async def _request_bench(self, node: str, cause: str | None = None, *,
-                             reason: str = "onboarding",
-                             expires_at: datetime | None = None) -> None:
+    async def _request_bench(self, node: str, cause: str | None = None) -> None:
         assert self.bus is not None
         record = self.nodes[node]
         await self._set_state(node, "bench_requested", "onboarding preflight", cause=cause)
         await self.bus.publish(BenchRequest(
             id=f"{cause or record.registration}-bench", source=SOURCE, node=node,
-            data=BenchRequestData(level="quick", reason=reason,
-                                  expected_devices=record.spec.gpu_count,
-                                  expires_at=expires_at),
+            data=BenchRequestData(level="quick", reason="onboarding",
+                                  expected_devices=record.spec.gpu_count),
         ))
 
     # ------------------------------------------------------------------ coming back
@@ -218,10 +215,22 @@ class Bootstrap:
                            of=self.rebench.attempts)
             expires = (datetime.fromtimestamp(moved.next_rebench_at, UTC)
                        if moved.next_rebench_at is not None else None)
-            await self._request_bench(
+            await self._repair(
                 name, cause=f"{name}-rebench-{record.registration}-{int(now)}",
                 reason=f"re-bench {attempt} of {self.rebench.attempts} after quarantine",
                 expires_at=expires)
+
+    async def _repair(self, node: str, cause: str, reason: str,
+                      expires_at: datetime | None = None) -> None:
+        """A quarantined node is benched again: ``repair`` until its result."""
+        assert self.bus is not None
+        record = self.nodes[node]
+        await self._set_state(node, "repair_started", reason, cause=cause)
+        await self.bus.publish(BenchRequest(
+            id=f"{cause}-bench", source=SOURCE, node=node,
+            data=BenchRequestData(level="quick", reason=reason,
+                                  expected_devices=record.spec.gpu_count,
+                                  expires_at=expires_at)))
 
     async def on_node_command(self, event: NodeCommand) -> None:
         """An operator's cordon, uncordon or drain: a hold of theirs on the
@@ -253,10 +262,11 @@ class Bootstrap:
         bench, now (DESIGN §5), not at its next scheduled re-bench."""
         async with self._lock:
             record = self.nodes.get(event.node)
-            if record is None or record.state != "quarantined" or record.cordoned:
+            if record is None or record.state not in ("quarantined", "repair") \
+                    or record.cordoned:
                 return
-            await self._request_bench(event.node, cause=f"{event.id}-closed",
-                                      reason=f"fault {event.data.fault_id} closed")
+            await self._repair(event.node, cause=f"{event.id}-closed",
+                               reason=f"fault {event.data.fault_id} closed")
 
     async def _start_drain(self, node: str, remove_with: str | None = None) -> None:
         record = self.nodes[node]
@@ -382,7 +392,8 @@ class Bootstrap:
                                                          degraded=record.degraded),
         ))
         changed = record.model_copy(update={"state": new, "reason": moved.reason})
-        if new == "quarantined":
+        if new == "quarantined" and record.state != "repair":
+            # Newly out of service (a failed re-bench keeps its back-off).
             changed = rebench.on_quarantine(changed, time.time(), self.rebench)
         elif new == "ready":
             changed = rebench.on_ready(changed)

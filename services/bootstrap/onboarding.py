@@ -1,9 +1,11 @@
 """The node onboarding state machine (pure: no I/O, no clock).
 
 A node the platform builds goes registered → provisioning → provisioned →
-preflight → ready | quarantined; a quarantined node goes to repair and back
-through preflight. In the embedded stack (nothing to provision) a node goes
-registered → preflight → ready. A node leaving the hosts file is drained
+preflight → ready | quarantined; a quarantined node is benched again
+(``repair``: bootstrap's re-bench, or an operator closed its fault) and
+returns to ready when it passes, or to quarantined when it fails. In the
+embedded stack (nothing to provision) a node goes registered → preflight →
+ready. A node leaving the hosts file is drained
 (its jobs moved away) before it is removed. Only ``ready`` nodes may run
 jobs: bootstrap publishes each transition as ``node.state`` and the scheduler
 obeys it (any other state is not usable).
@@ -43,8 +45,10 @@ _NEXT: dict[tuple[State, Trigger], State] = {
     ("preflight", "fault_opened"): "quarantined",
     ("ready", "fault_opened"): "quarantined",
     ("repair", "fault_opened"): "quarantined",
-    # repair
+    # repair: a quarantined node benched again
     ("quarantined", "repair_started"): "repair",
+    ("repair", "bench_passed"): "ready",
+    ("repair", "bench_failed"): "quarantined",
     # removal: any state drains first
     **{(s, "drain_requested"): "draining" for s in (
         "registered", "provisioning", "provisioned", "preflight", "ready", "quarantined",

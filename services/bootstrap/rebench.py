@@ -1,8 +1,9 @@
 """When a quarantined node is benched again (pure: the clock is passed in).
 
 A node the platform took out of service comes back by itself: bootstrap
-asks its agent to bench it again after ``first_s``, then after twice that,
-and so on up to ``max_interval_s``, at most ``attempts`` times (0: never).
+moves it to ``repair`` and asks its agent to bench it again after
+``first_s``, then after twice that, and so on up to ``max_interval_s``, at
+most ``attempts`` times (0: never).
 A pass returns it to ``ready``; after the last failed try it stays
 quarantined until an operator acts (``primus-safe bench run``, ``fault
 close``). A node an operator cordoned is left alone: the hold is theirs.
@@ -41,7 +42,8 @@ def due(record: NodeRecord, now: float, policy: RebenchPolicy) -> NodeRecord | N
     """The record after starting a re-bench now, or None when none is due.
     The next try is scheduled at once: a try whose result never comes (its
     agent is down) is superseded by the next."""
-    if record.state != "quarantined" or record.cordoned or record.next_rebench_at is None \
+    if record.state not in ("quarantined", "repair") or record.cordoned \
+            or record.next_rebench_at is None \
             or now < record.next_rebench_at:
         return None
     attempt = record.rebench_attempts + 1

@@ -111,6 +111,9 @@ async def test_quarantined_nodes_are_rebenched_and_operators_hold_them(
         assert [r.data.reason for r in rebenches] == [
             "re-bench 1 of 3 after quarantine", "re-bench 2 of 3 after quarantine"]
         assert all(r.data.expires_at is not None for r in rebenches)
+        states = [parse_event(m.data).data.state  # type: ignore[attr-defined]
+                  for m in await _all(bus, "safe.node.node-1.state")]
+        assert states[-5:] == ["quarantined", "repair", "quarantined", "repair", "ready"]
         record = await state_of(bus, "node-1")
         assert record.rebench_attempts == 0 and record.next_rebench_at is None
 
@@ -150,7 +153,7 @@ async def test_quarantined_nodes_are_rebenched_and_operators_hold_them(
 
         async def given_up() -> bool:
             record = await state_of(bus, "node-1")
-            return record.state == "quarantined" and record.rebench_attempts == 3 \
+            return record.state in ("quarantined", "repair") and record.rebench_attempts == 3 \
                 and record.next_rebench_at is None and not agent.verdicts
 
         await until(given_up, "three failed re-benches", timeout=30)
