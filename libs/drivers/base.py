@@ -9,9 +9,33 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Protocol
 
+from pydantic import BaseModel, Field
+
 from libs.events import Event, JobSpec, WorkerSlot
+from libs.routes import Endpoint, Reply, query
 
 EventSink = Callable[[Event], Awaitable[None]]
+
+
+class NodeWorkersRequest(BaseModel):
+    node: str
+
+
+class NodeWorkers(Reply):
+    """The driver's view of one node: do the workers placed there still run?
+    Failover asks before it evacuates a node whose agent fell silent."""
+
+    node: str = ""
+    workers: int = Field(default=0, description="workers the driver started there that run now")
+    alive: bool = Field(default=False, description="the node still runs them (local: their "
+                        "processes live; Kubernetes: the node is Ready and their pods run)")
+    detail: str = ""
+
+
+# Answered by the scheduler leader, which hosts the driver.
+NODE_WORKERS = Endpoint(query("scheduler.workers"), NodeWorkersRequest, NodeWorkers,
+                        "does a node still run its workers? (failover asks about a node "
+                        "whose agent is silent before it evacuates it)")
 
 
 class ClusterDriver(Protocol):
@@ -21,6 +45,10 @@ class ClusterDriver(Protocol):
 
     async def stop(self, job: str, *, grace_s: float = 10.0) -> None:
         """Stop every worker of the job: SIGTERM, then SIGKILL after the grace period."""
+
+    async def node_workers(self, node: str) -> NodeWorkers:
+        """Whether the workers placed on ``node`` still run there, as the
+        cluster sees it (not as the node's agent says)."""
 
     async def adopt(self) -> int:
         """After a restart, pick up workers started by an earlier instance so

@@ -38,7 +38,7 @@ from kubernetes.client.exceptions import ApiException
 from kubernetes.config.config_exception import ConfigException
 from kubernetes.watch.watch import iter_resp_lines
 
-from libs.drivers.base import EventSink
+from libs.drivers.base import EventSink, NodeWorkers
 from libs.drivers.k8s_manifests import (
     WATCH_SELECTOR,
     KubernetesDriverConfig,
@@ -163,6 +163,24 @@ class KubernetesDriver:
         if pods["items"]:
             self._log.warning("pods still terminating after stop", job=job,
                               pods=[p["metadata"]["name"] for p in pods["items"]])
+
+    async def node_workers(self, node: str) -> NodeWorkers:
+        """Alive when the Node is Ready and worker pods run there (the pod
+        watch's view; the Node is read now)."""
+        running = [v for v in self._known.values()
+                   if v.node == node and v.started and v.exit_code is None]
+        try:
+            ready = await asyncio.to_thread(self._node_ready, node)
+        except Exception as exc:
+            return NodeWorkers(node=node, workers=len(running), alive=False,
+                               detail=f"cannot read node {node}: {exc}")
+        return NodeWorkers(node=node, workers=len(running), alive=ready and bool(running),
+                           detail=f"node Ready={ready}; {len(running)} worker pod(s) running")
+
+    def _node_ready(self, node: str) -> bool:
+        obj = json.loads(self._core.read_node(node, _preload_content=False).data)
+        return any(c.get("type") == "Ready" and c.get("status") == "True"
+                   for c in obj.get("status", {}).get("conditions", []))
 
     async def adopt(self) -> int:
         """After a restart: the watch's first list finds the pods an earlier

@@ -30,7 +30,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from libs.drivers.base import EventSink
+from libs.drivers.base import EventSink, NodeWorkers
 from libs.drivers.local_worker import write_atomic, write_exit
 from libs.events import (
     JobSpec,
@@ -287,6 +287,14 @@ class LocalDriver:
                 _signal_group(worker.pid, signal.SIGKILL)
             await asyncio.wait(pending, timeout=5)
 
+    async def node_workers(self, node: str) -> NodeWorkers:
+        """A local node's workers are processes here: alive while their pid
+        lives and no exit is recorded."""
+        running = [w for ws in self._workers.values() for w in ws
+                   if w.node == node and not w.exit_file.exists() and _pid_alive(w.pid)]
+        return NodeWorkers(node=node, workers=len(running), alive=bool(running),
+                           detail=f"{len(running)} worker process(es) alive")
+
     async def close(self) -> None:
         for job in list(self._workers):
             await self.stop(job, grace_s=5.0)
@@ -299,6 +307,16 @@ class LocalDriver:
                 if worker.watcher is not None:
                     worker.watcher.cancel()
         self._workers.clear()
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def cannot_run(argv: list[str], cwd: str, path: str) -> tuple[int, str] | None:

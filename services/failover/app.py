@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from libs.bus import Bus
+from libs.drivers.base import NODE_WORKERS, NodeWorkers, NodeWorkersRequest
 from libs.events import (
     BenchResult,
     FaultChangedData,
@@ -59,9 +60,11 @@ from services.failover.faults import (
     classify_exit,
 )
 from services.failover.routes import ROUTES
-from services.failover.rules import HeartbeatMonitor
+from services.failover.rules import HeartbeatMonitor, MissedHeartbeat
 
 SOURCE = "failover"
+WORKERS_ASK_S = 2.0  # how long to wait for the driver's word on a silent node
+SUSPECT_RECHECK_S = 2.0  # how often a silent node whose workers ran is asked again
 
 
 def load_rules(path: Path | None) -> FailoverRules:
@@ -80,6 +83,8 @@ class Failover:
         self.bus: Bus | None = None
         self.kv: Records[FaultRecord] | None = None
         self._unsent: list[Decision] = []  # made, not yet published and recorded
+        # Silent agents whose node's workers still ran when asked: watched, not evacuated.
+        self.suspects: dict[str, tuple[MissedHeartbeat, float]] = {}
         self._sending = asyncio.Lock()
         self._task: asyncio.Task[None] | None = None
         self._log = get_logger()
@@ -109,6 +114,8 @@ class Failover:
     async def on_heartbeat(self, event: NodeHeartbeat) -> None:
         now = time.time()
         back = self.monitor.beat(event.node, now)
+        if back and self.suspects.pop(event.node, None) is not None:
+            self._log.info("agent back; its node was never evacuated", node=event.node)
         await self._act(self.book.observe("heartbeat_missed", event.node, bad=False, now=now)
                         if back else [])
 
@@ -203,13 +210,53 @@ class Failover:
                 continue
             try:
                 for missed in self.monitor.check(time.time()):
-                    await self._act(self.book.observe(
-                        "heartbeat_missed", missed.node, bad=True, now=time.time(),
-                        reason=f"no heartbeat for {missed.overdue_s:.1f} s "
-                               f"(limit {self.monitor.deadline_s:.1f} s)",
-                        jobs=self._jobs_on(missed.node), last_good=missed.last_seen))
+                    await self._silent(missed)
+                await self._recheck_suspects()
             except Exception:  # this loop is the only heartbeat judge: it must live
                 self._log.exception("heartbeat check failed")
+
+    async def _silent(self, missed: MissedHeartbeat) -> None:
+        """A node's agent fell silent. If jobs run there, ask the driver
+        first: workers that still run mean a dead agent, not a dead node —
+        the node is watched (asked again) instead of evacuated."""
+        jobs = self._jobs_on(missed.node)
+        if jobs and await self._workers_alive(missed.node):
+            self.suspects[missed.node] = (missed, time.monotonic())
+            self._log.warning("agent silent but its node's workers run; not evacuating",
+                              node=missed.node, jobs=jobs, silent_s=round(missed.overdue_s, 1))
+            return
+        await self._open_silent(missed, "")
+
+    async def _recheck_suspects(self) -> None:
+        for node, (missed, asked) in list(self.suspects.items()):
+            if time.monotonic() - asked < SUSPECT_RECHECK_S:
+                continue
+            if await self._workers_alive(node):
+                self.suspects[node] = (missed, time.monotonic())
+                continue
+            del self.suspects[node]
+            await self._open_silent(missed, "; its workers have stopped too")
+
+    async def _open_silent(self, missed: MissedHeartbeat, more: str) -> None:
+        now = time.time()
+        await self._act(self.book.observe(
+            "heartbeat_missed", missed.node, bad=True, now=now,
+            reason=f"no heartbeat for {now - missed.last_seen:.1f} s "
+                   f"(limit {self.monitor.deadline_s:.1f} s){more}",
+            jobs=self._jobs_on(missed.node), last_good=missed.last_seen))
+
+    async def _workers_alive(self, node: str) -> bool:
+        """The driver's word (through the scheduler); no answer is no evidence
+        of life: the node is judged by its heartbeats alone."""
+        assert self.bus is not None
+        try:
+            reply = await self.bus.ask(NODE_WORKERS, NodeWorkersRequest(node=node),
+                                       timeout_s=WORKERS_ASK_S)
+        except Exception as exc:
+            self._log.warning("no word from the driver on a silent node", node=node,
+                              error=repr(exc))
+            return False
+        return bool(reply.ok and isinstance(reply, NodeWorkers) and reply.alive)
 
     async def _act(self, decisions: list[Decision]) -> None:
         """Carry out decisions in order, each published and then recorded.
@@ -271,6 +318,7 @@ class Failover:
         open_faults = [f.fault_id for f in self.book.faults.values() if f.status != "closed"]
         unknown = self.monitor.unknown_beats
         return {"watched_nodes": len(self.monitor.last_seen), "down": sorted(self.monitor.down),
+                "silent_agents_with_live_workers": sorted(self.suspects),
                 "faults_open": open_faults, "decisions_unsent": len(self._unsent),
                 "unknown_beats": sum(unknown.values()),
                 "unknown_nodes": sorted(unknown)[:20]}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from libs.drivers.base import NODE_WORKERS
 from libs.events import (
     BenchResult,
     FaultClosed,
@@ -56,4 +57,6 @@ ROUTES = Routes(
     publishes=(FaultOpened, FaultMitigated, FaultRecovered, FaultClosed, JobRecover, LogRecord),
     owns=(FAULTS,),
     reads=(NODES,),  # only registered nodes are judged
+    # Before evacuating a node whose agent is silent: do its workers still run?
+    calls=(NODE_WORKERS,),
 )

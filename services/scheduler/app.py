@@ -36,7 +36,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from libs.bus import Bus
-from libs.drivers.base import ClusterDriver
+from libs.drivers.base import ClusterDriver, NodeWorkers, NodeWorkersRequest
 from libs.drivers.local import LocalDriver
 from libs.events import (
     Event,
@@ -401,6 +401,13 @@ class Scheduler:
                                         submitted_at=time.time()))
         return AdmissionReply(verdict=verdict.verdict, reason=verdict.reason,
                               field=verdict.field)
+
+    async def on_node_workers(self, request: NodeWorkersRequest) -> NodeWorkers:
+        """Failover asks before it evacuates a node whose agent is silent:
+        the driver says whether that node's workers still run."""
+        self._fence()
+        assert self.driver is not None
+        return await self.driver.node_workers(request.node)
 
     # ------------------------------------------------------------------ cycle
 

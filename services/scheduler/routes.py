@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from libs.drivers.base import NODE_WORKERS
 from libs.events import (
     JobCancelled,
     JobCancelRequested,
@@ -54,6 +55,7 @@ ROUTES = Routes(
     rereads=(JobCompleted, JobFailed),
     owns=(JOBS,),
     reads=(NODES,),
-    serves=(Serve(ADMISSION, "on_admission", queue="scheduler", leader=True),),
+    serves=(Serve(ADMISSION, "on_admission", queue="scheduler", leader=True),
+            Serve(NODE_WORKERS, "on_node_workers", queue="scheduler", leader=True)),
     leases=("scheduler",),
 )

@@ -19,6 +19,7 @@ from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
 _PATH = re.compile(r"/api/v1/namespaces/([^/]+)/(pods|services)(?:/([^/]+))?")
+_NODE = re.compile(r"/api/v1/nodes/([^/]+)")
 
 
 @dataclass
@@ -45,6 +46,7 @@ class FakeKubeApi:
         self.calls: list[Call] = []
         self.pods: dict[str, dict[str, Any]] = {}
         self.services: dict[str, dict[str, Any]] = {}
+        self.nodes: dict[str, dict[str, Any]] = {}  # name -> Node (GET /api/v1/nodes/NAME)
         self.fail_create: dict[str, int] = {}  # object name -> HTTP status to answer
         self.watches_opened = 0
         self._events: queue.Queue[dict[str, Any]] = queue.Queue()
@@ -104,6 +106,13 @@ class FakeKubeApi:
         call = Call(req.command, url.path, query, json.loads(raw) if raw else None)
         with self._lock:
             self.calls.append(call)
+        node = _NODE.fullmatch(url.path)
+        if node is not None and req.command == "GET":
+            with self._lock:
+                found = self.nodes.get(node.group(1))
+            if found is None:
+                return self._reply(req, call, 404, _status(404, "NotFound", node.group(1)))
+            return self._reply(req, call, 200, found)
         match = _PATH.fullmatch(url.path)
         if match is None:
             return self._reply(req, call, 404, _status(404, "NotFound", url.path))

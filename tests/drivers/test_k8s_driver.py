@@ -262,3 +262,28 @@ async def test_close_stops_a_blocked_watch_promptly(
     await driver.close()
     assert driver._thread is not None and not driver._thread.is_alive()
     assert time.monotonic() - t0 < 3.0
+
+
+def node(name: str, ready: bool) -> dict[str, Any]:
+    return {"kind": "Node", "apiVersion": "v1", "metadata": {"name": name},
+            "status": {"conditions": [
+                {"type": "MemoryPressure", "status": "False"},
+                {"type": "Ready", "status": "True" if ready else "False"}]}}
+
+
+async def test_node_workers_is_the_node_ready_condition_and_its_running_pods(
+        api: FakeKubeApi, driver: KubernetesDriver) -> None:
+    """What failover is told about a node whose agent fell silent."""
+    await driver.start()
+    await wait_until(lambda: api.watches_opened == 1)
+    await driver.launch(JOB, 2, SPEC, SLOTS)
+    p0 = api.pods[pod_name(JOB, 2, 0)]  # rank 0 is on node-a
+    api.push("MODIFIED", with_status(p0, "Running", RUNNING))
+    await wait_until(lambda: any(v.started for v in driver._known.values()))
+    api.nodes["node-a"] = node("node-a", ready=True)
+    seen = await driver.node_workers("node-a")
+    assert seen.alive and seen.workers == 1 and "Ready=True" in seen.detail
+    api.nodes["node-a"] = node("node-a", ready=False)  # the kubelet stopped reporting
+    assert not (await driver.node_workers("node-a")).alive
+    gone = await driver.node_workers("node-x")  # no such Node: no evidence of life
+    assert not gone.alive and "cannot read node node-x" in gone.detail

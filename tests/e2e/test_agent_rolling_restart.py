@@ -1,8 +1,10 @@
 """A rolling restart of every bench agent, one at a time, during a 2-node
 training job on the embedded stack (what upgrading the agent DaemonSet
-does): each agent stops cleanly and says so, stays away longer than the
-heartbeat deadline, and comes back. No node is quarantined, no fault is
-opened, the job is never restarted."""
+does): each agent stays away longer than the heartbeat deadline and comes
+back. Stopped cleanly (SIGTERM) it says so and failover waits for it;
+killed (SIGKILL) it says nothing, and failover asks the driver, which sees
+the node's workers still run. Either way no node is quarantined, no fault
+is opened, the job is never restarted."""
 
 from __future__ import annotations
 
@@ -26,16 +28,17 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(400)]
 AWAY_S = 6.0  # twice the default heartbeat deadline (1 s x 3)
 
 
-def test_a_rolling_restart_of_the_agents_moves_nothing(tmp_path: Path) -> None:
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["sigterm", "sigkill"])
+def test_a_rolling_restart_of_the_agents_moves_nothing(tmp_path: Path, sig: int) -> None:
     stack = EmbeddedStack(tmp_path / "stack", nodes=2).start()
     try:
-        asyncio.run(_rolling(stack, tmp_path))
+        asyncio.run(_rolling(stack, tmp_path, sig))
     finally:
         codes = stack.stop()
     assert codes == dict.fromkeys(codes, 0), f"unclean exits: {codes}; {stack.stragglers}"
 
 
-async def _rolling(stack: EmbeddedStack, tmp_path: Path) -> None:
+async def _rolling(stack: EmbeddedStack, tmp_path: Path, sig: int) -> None:
     assert stack.nats is not None
     bus = await Bus.connect(stack.nats.url, "e2e", token=stack.nats.token)
     env = {k: v for k, v in os.environ.items() if not k.startswith("PRIMUS_")}
@@ -71,8 +74,9 @@ async def _rolling(stack: EmbeddedStack, tmp_path: Path) -> None:
         for node in stack.node_names:
             name = f"agent-{node}"
             proc = stack.procs[name]
-            os.killpg(proc.pid, signal.SIGTERM)  # what a DaemonSet rollout sends
-            assert await asyncio.to_thread(proc.wait, 30) == 0
+            os.killpg(proc.pid, sig)  # SIGTERM: what a DaemonSet rollout sends
+            assert await asyncio.to_thread(proc.wait, 30) == (0 if sig == signal.SIGTERM
+                                                              else -signal.SIGKILL)
             await asyncio.sleep(AWAY_S)
             new = stack.spawn(name, *stack.args[name])
 
