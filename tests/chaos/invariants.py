@@ -107,6 +107,18 @@ def quarantine_violations(nodes: Mapping[str, Mapping[str, Any]],
     return out
 
 
+def agent_violations(faults: Iterable[Mapping[str, Any]], restarted: Iterable[str],
+                     killed: Iterable[str] = ()) -> list[str]:
+    """A node whose agent alone was restarted (its workers kept running) is
+    never evacuated: no heartbeat fault that moved jobs. A node also killed
+    outright is the node kill's to judge."""
+    gone = set(killed)
+    return [f"{f['key']}'s agent was restarted while its workers ran, yet failover "
+            f"evacuated it ({f['kind']}, jobs {f['jobs']})"
+            for f in faults if f["scope"] == "node" and f["kind"] == "heartbeat_missed"
+            and f["jobs"] and f["key"] in set(restarted) - gone]
+
+
 @dataclass(frozen=True)
 class AttemptStart:
     """One attempt of a job as its workers began it."""

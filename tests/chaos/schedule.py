@@ -1,9 +1,11 @@
 """The seeded kill schedule of a chaos run (pure: the seed decides it all).
 
 Each run kills, in a random order, a node (its agent and workers), one
-worker process of the job, the scheduler and nats-server — every kind once
-in the first four kills, then random kinds — and restarts a killed service
-after a random outage. A kill comes a random pause after the job made
+worker process of the job, the scheduler, nats-server and the bench agent of
+one of the job's nodes (its workers keep running: stopped cleanly or
+SIGKILLed, as a DaemonSet rollout or a crash would) — every kind once in the
+first five kills, then random kinds — and restarts a killed service after a
+random outage. A kill comes a random pause after the job made
 visible progress since the last one, or, when it ``hurries``, that pause
 after the last kill itself: into the middle of a recovery, where the
 races are. A node that dies stays dead, so at most ``spare_nodes`` node
@@ -16,8 +18,8 @@ import random
 from dataclasses import dataclass
 from typing import Literal
 
-Kind = Literal["node", "worker", "scheduler", "nats"]
-KINDS: tuple[Kind, ...] = ("node", "worker", "scheduler", "nats")
+Kind = Literal["node", "worker", "scheduler", "nats", "agent"]
+KINDS: tuple[Kind, ...] = ("node", "worker", "scheduler", "nats", "agent")
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,7 @@ from libs.events import (
 )
 from tests.chaos.invariants import (
     AttemptStart,
+    agent_violations,
     history_violations,
     placement_violations,
     process_violations,
@@ -110,8 +111,17 @@ def test_kill_plans_are_seeded_and_bounded() -> None:
     for seed in range(50):
         kills = plan_kills(seed, 6, spare_nodes=1)
         kinds = [k.kind for k in kills]
-        assert len(kills) == 6 and set(kinds[:4]) == set(KINDS)
+        assert len(kills) == 6 and set(kinds[:5]) == set(KINDS)
         assert kinds.count("node") == 1  # the gang must still fit
         assert all(0 <= k.delay_s <= 3.0 and 0.3 <= k.down_s <= 6.0 for k in kills)
         assert not kills[0].hurry  # the first kill finds the job running
     assert "node" not in {k.kind for k in plan_kills(3, 5, spare_nodes=0)}
+
+
+def test_an_agent_restart_must_not_evacuate_its_node() -> None:
+    faults = [{"key": "n1", "kind": "heartbeat_missed", "jobs": ["j"], "scope": "node"},
+              {"key": "n2", "kind": "heartbeat_missed", "jobs": [], "scope": "node"},
+              {"key": "n3", "kind": "heartbeat_missed", "jobs": ["j"], "scope": "node"}]
+    assert agent_violations(faults, restarted=["n1", "n2", "n3"], killed=["n3"]) == [
+        "n1's agent was restarted while its workers ran, yet failover evacuated it "
+        "(heartbeat_missed, jobs ['j'])"]

@@ -1,14 +1,16 @@
 """Chaos on the embedded stack: a 2-node training job with checkpoints runs
 on 4 local nodes while a seeded schedule SIGKILLs a node (agent and
-workers), one worker of the job, the scheduler (restarted) and nats-server
-itself (restarted on the same port and store, so JetStream state persists).
-Afterwards the invariants in ``invariants`` must hold: the job completes,
-the history table has every control event exactly once, no node is out of
-service without an open fault, nothing is placed or run twice, and every
-attempt resumed from the newest complete checkpoint.
+workers), one worker of the job, the scheduler (restarted), nats-server
+itself (restarted on the same port and store, so JetStream state persists)
+and the bench agent of one of the job's nodes (SIGTERM or SIGKILL, then
+restarted: its workers run on). Afterwards the invariants in ``invariants``
+must hold: the job completes, the history table has every control event
+exactly once, no node is out of service without an open fault, no node is
+evacuated for its agent's restart, nothing is placed or run twice, and
+every attempt resumed from the newest complete checkpoint.
 
 Seeds: ``PRIMUS_CHAOS_SEEDS=1,2,3`` (default ``1,4``), kills per run:
-``PRIMUS_CHAOS_KILLS`` (default 4, one of each kind). A failure names its
+``PRIMUS_CHAOS_KILLS`` (default 5, one of each kind). A failure names its
 seed, and ``PRIMUS_CHAOS_SEEDS=<seed> pytest tests/chaos`` replays the same
 schedule (the timing of the stack itself is not seeded: a replay hits the
 same kinds, order, pauses and outages, not always the same instant).
@@ -36,6 +38,7 @@ from libs.records import BUCKETS
 from libs.sdk import latest_complete_checkpoint
 from tests.chaos.invariants import (
     AttemptStart,
+    agent_violations,
     history_violations,
     placement_violations,
     process_violations,
@@ -49,7 +52,7 @@ pytestmark = [pytest.mark.chaos, pytest.mark.e2e, pytest.mark.timeout(480)]
 
 SEEDS = [int(s) for s in os.environ.get("PRIMUS_CHAOS_SEEDS", "1,4").split(",") if s.strip()]
 NODES, WORKERS = 4, 2
-KILLS = int(os.environ.get("PRIMUS_CHAOS_KILLS", "4"))
+KILLS = int(os.environ.get("PRIMUS_CHAOS_KILLS", "5"))
 ITERATIONS, CHECKPOINT_INTERVAL = 400, 20
 JOB_BOUND_S = 300.0  # from submission to completion, kills and back-offs included
 WORKER = Path(__file__).with_name("chaos_worker.py")
@@ -165,6 +168,7 @@ async def _run(stack: EmbeddedStack, seed: int, kills: list[Kill], tmp_path: Pat
             return json.loads((await (await bus.kv("jobs")).get(job)).value)
 
         killed_nodes: list[str] = []
+        restarted_agents: list[str] = []
         mark = 0
         for kill in kills:
             async def progressed(mark: int = mark) -> bool:
@@ -181,12 +185,14 @@ async def _run(stack: EmbeddedStack, seed: int, kills: list[Kill], tmp_path: Pat
             mark = ckpts.newest()
             current = await poll(record, "the job record", 30)
             note(f"{kill.kind} kill at step {mark}, attempt {current['attempt']}: "
-                 + await _kill(stack, kill, job, current, killed_nodes))
+                 + await _kill(bus, stack, kill, job, current, killed_nodes,
+                               restarted_agents))
         final = await poll(_ended(record), f"job {job} to end",
                            JOB_BOUND_S - (time.monotonic() - submitted))
         note(f"job {final['status']} after {final['attempt']} attempt(s)")
         assert final["status"] == "completed", f"job {final['status']}: {final['reason']}"
-        return await _check(bus, stack, job, final, ckpts, marker, killed_nodes)
+        return await _check(bus, stack, job, final, ckpts, marker, killed_nodes,
+                            restarted_agents)
     finally:
         watcher.cancel()
         await bus.close()
@@ -199,9 +205,29 @@ def _ended(record: Callable[[], Awaitable[dict[str, Any]]]) -> Callable[[], Awai
     return ended
 
 
-async def _kill(stack: EmbeddedStack, kill: Kill, job: str, record: dict[str, Any],
-                killed_nodes: list[str]) -> str:
+async def _kill(bus: Bus, stack: EmbeddedStack, kill: Kill, job: str, record: dict[str, Any],
+                killed_nodes: list[str], restarted_agents: list[str]) -> str:
     """Do one kill of the schedule; says what it hit."""
+    if kill.kind == "agent":
+        # Its point is a node whose workers run on: wait for the job to run.
+        deadline = time.monotonic() + 30
+        while not record["slots"] and time.monotonic() < deadline:
+            await asyncio.sleep(0.2)
+            record = json.loads((await (await bus.kv("jobs")).get(job)).value)
+        nodes = [s["node"] for s in record["slots"] if s["node"] not in killed_nodes]
+        if record["status"] != "running" or not nodes:
+            return "the job does not run now: no agent to restart"
+        node = kill.choose(nodes)
+        # A crash or a clean stop (a DaemonSet rollout), a fair coin on the seed.
+        sig = signal.SIGKILL if kill.pick < 0.75 else signal.SIGTERM
+        name = f"agent-{node}"
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(stack.procs[name].pid, sig)
+        await asyncio.to_thread(stack.procs[name].wait, 30)
+        restarted_agents.append(node)
+        await asyncio.sleep(kill.down_s)
+        stack.spawn(name, *stack.args[name])
+        return f"{node}'s agent {sig.name} and down for {kill.down_s} s"
     if kill.kind == "node":
         # The job's node; between attempts, any live node (it may be next).
         node = kill.choose([s["node"] for s in record["slots"]] or [
@@ -234,7 +260,8 @@ async def _kill(stack: EmbeddedStack, kill: Kill, job: str, record: dict[str, An
 
 
 async def _check(bus: Bus, stack: EmbeddedStack, job: str, final: dict[str, Any],
-                 ckpts: Checkpoints, marker: Path, killed_nodes: list[str]) -> list[str]:
+                 ckpts: Checkpoints, marker: Path, killed_nodes: list[str],
+                 restarted_agents: list[str]) -> list[str]:
     """Gather what the run left and ask every invariant about it."""
     async def stream() -> list[Event]:
         last = (await bus.js.stream_info("CONTROL")).state.last_seq
@@ -260,8 +287,9 @@ async def _check(bus: Bus, stack: EmbeddedStack, job: str, final: dict[str, Any]
     markers = [(j, int(a), int(r), n, int(p)) for j, a, r, n, p in
                (line.split() for line in marker.read_text().splitlines())]
     found += process_violations(markers)
-    found += quarantine_violations(await bucket(bus, "nodes"),
-                                   (await bucket(bus, "faults")).values(), killed_nodes)
+    faults = (await bucket(bus, "faults")).values()
+    found += quarantine_violations(await bucket(bus, "nodes"), faults, killed_nodes)
+    found += agent_violations(faults, restarted_agents, killed_nodes)
 
     # Attempts that trained to the end reported steps; wait for Lens to have them.
     trained = {a for a, logs in _rank_logs(stack.state_dir, job).items()
