@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from libs.bus import Bus
+from libs.drivers.base import NODE_WORKERS, NodeWorkers, NodeWorkersRequest
 from libs.events import (
     AgentStoppingData,
     BenchCheck,
@@ -102,6 +103,10 @@ class TurnGate:
 
     def leave(self) -> None:
         self._ask("leave", 10)
+
+# Probes that load the GPUs (a GEMM) or whose reading a job changes (VRAM in
+# use): on a node that runs a job they are skipped, never run.
+SKIPPED_WHILE_TRAINING = frozenset({"gemm", "gpu_vram"})
 
 
 class BenchAgent:
@@ -361,6 +366,13 @@ class BenchAgent:
         if state is None:
             return
         spec = state.spec
+        if spec.kind in SKIPPED_WHILE_TRAINING and (busy := await self._training_here()):
+            report = self.schedule.finished(start.name, start.run, "unavailable",
+                                            f"skipped: {busy}")
+            self._log.info("probe skipped: training runs here", check=start.name, why=busy)
+            if report is not None:
+                await self._report_probe(report)
+            return
         try:
             check = await asyncio.to_thread(
                 probes.run_check, spec.kind, expected=self.expected_devices,
@@ -374,6 +386,20 @@ class BenchAgent:
                                         detail)
         if report is not None:
             await self._report_probe(report)
+
+    async def _training_here(self) -> str:
+        """Why this node must not be disturbed now ("" when it may be): the
+        driver's word, through the scheduler, on whether workers run here.
+        No answer means it cannot be told, and the heavy probe waits."""
+        assert self.bus is not None
+        try:
+            reply = await self.bus.ask(NODE_WORKERS, NodeWorkersRequest(node=self.node),
+                                       timeout_s=2.0)
+        except Exception:
+            return "no scheduler said whether a job runs here"
+        if not reply.ok or not isinstance(reply, NodeWorkers):
+            return f"the scheduler could not say whether a job runs here ({reply.error})"
+        return f"{reply.workers} worker(s) of a job run here" if reply.workers else ""
 
     async def _report_probe(self, report: Report) -> None:
         """A probe failed N times in a row: say so once, as a failed bench result

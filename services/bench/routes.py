@@ -3,6 +3,7 @@ and keep."""
 
 from __future__ import annotations
 
+from libs.drivers.base import NODE_WORKERS
 from libs.events import (
     BenchRequest,
     BenchResult,
@@ -26,7 +27,9 @@ AGENT = Routes(
                  batch=1, ack_wait_s=1800, summary="this node's bench requests"),
     ),
     publishes=(NodeHeartbeat, NodeAgentStopping, NodeTelemetry, BenchResult, LogRecord),
-    calls=(PAIR, SHARE, TURN, PROGRESS),
+    # PAIR, SHARE, TURN: multi-node runs; NODE_WORKERS: does a job run here
+    # (heavy probes are skipped then).
+    calls=(PAIR, SHARE, TURN, PROGRESS, NODE_WORKERS),
 )
 
 COORDINATOR = Routes(

@@ -56,3 +56,43 @@ async def test_sweeps_searches_and_runs_leave_a_training_node_alone(
         assert cli_search.returncode == 1 and "node n1 runs job train-1" in cli_search.stderr
     finally:
         await coordinator.stop()
+
+
+async def test_heavy_probes_are_skipped_while_a_job_runs_on_the_node(
+        nats_url: str, bus: Bus, tmp_path: Path) -> None:
+    """The agent asks the driver (through the scheduler) before a GEMM probe:
+    while workers run on its node the probe is skipped, not run; once they
+    are gone it runs. Light probes (temperatures, ECC, ...) always run."""
+    from libs.drivers.base import NODE_WORKERS, NodeWorkers, NodeWorkersRequest
+    from services.bench.agent import BenchAgent
+
+    config = tmp_path / "bench.yaml"
+    config.write_text("probes:\n"
+                      "  - {name: gemm, kind: gemm, interval_s: 0.3, failures_before_report: 1}\n"
+                      "  - {name: count, kind: gpu_count, interval_s: 0.3}\n")
+    workers = {"n1": 2}
+    asked: list[str] = []
+
+    async def answer(request: NodeWorkersRequest) -> NodeWorkers:  # plays the scheduler
+        asked.append(request.node)
+        running = workers.get(request.node, 0)
+        return NodeWorkers(node=request.node, workers=running, alive=running > 0)
+
+    served = await bus.serve(NODE_WORKERS, answer)
+    agent = BenchAgent(Settings(nats_url=nats_url, state_dir=tmp_path), "n1", config)
+    await agent.start(bus)
+    try:
+        async def probed(status: str) -> dict[str, object] | None:
+            state = agent.schedule.snapshot()["gemm"]
+            return state if state["last"] == status and state["runs"] >= 2 else None
+
+        skipped = await until(lambda: probed("unavailable"), "the GEMM probe to be skipped")
+        assert skipped["detail"] == "skipped: 2 worker(s) of a job run here"
+        count = agent.schedule.snapshot()["count"]  # a read runs regardless
+        assert count["runs"] >= 1 and not str(count["detail"]).startswith("skipped")
+        assert asked and set(asked) == {"n1"}
+        workers["n1"] = 0  # the job ended
+        await until(lambda: probed("ok"), "the GEMM probe to run once the node is free")
+    finally:
+        await agent.stop()
+        await served.stop()
