@@ -6,31 +6,56 @@ message on stderr and exit non-zero; listings take ``--json``.
 
 from __future__ import annotations
 
-import argparse
-import asyncio
-import json
-import os
 import sys
-from collections.abc import Iterable
-from functools import partial
-from pathlib import Path
-from typing import Any
 
-from cli import job_verbs, lens_verbs, node_verbs
-from cli.client import CliError, connect, read_bucket, submit
-from cli.output import add_output_flags, format_table, load_settings, print_rows, watch
-from libs.events import check_key
-from libs.records import FAULTS, JOBS, NODES, BucketSpec, JobRecord, NodeRecord, R
-from libs.specs import SpecError
+from libs import shutdown
 
 SERVICE_VERBS = ("bootstrap", "scheduler", "bench-agent", "bench-coordinator", "lens-collector",
                  "failover")
 
 
+def _runs_a_service(argv: list[str]) -> bool:
+    """``primus-safe <service> [--flag value ...]``: no action word (such as
+    ``bootstrap apply`` or ``failover history``), so this process is a service."""
+    if not argv[1:2] or argv[1] not in SERVICE_VERBS:
+        return False
+    rest = argv[2:]
+    return all(a.startswith("-") or (i > 0 and rest[i - 1].startswith("--"))
+               for i, a in enumerate(rest))
+
+
+if _runs_a_service(sys.argv):
+    # A SIGTERM during the imports below (most of a second) must still stop
+    # the service cleanly (libs/shutdown.py).
+    shutdown.catch_early()
+
+import argparse  # noqa: E402
+import asyncio  # noqa: E402
+import json  # noqa: E402
+import os  # noqa: E402
+from collections.abc import Iterable  # noqa: E402
+from functools import partial  # noqa: E402
+from pathlib import Path  # noqa: E402
+from typing import Any  # noqa: E402
+
+from cli import job_verbs, lens_verbs, node_verbs  # noqa: E402
+from cli.client import CliError, connect, read_bucket, submit  # noqa: E402
+from cli.output import (  # noqa: E402
+    add_output_flags,
+    format_table,
+    load_settings,
+    print_rows,
+    watch,
+)
+from libs.events import check_key  # noqa: E402
+from libs.records import FAULTS, JOBS, NODES, BucketSpec, JobRecord, NodeRecord, R  # noqa: E402
+from libs.specs import SpecError  # noqa: E402
+
 # --------------------------------------------------------------------------- services
 
 
 def run_service_verb(args: argparse.Namespace) -> int:
+    shutdown.catch_early()  # also when called in-process (the module-level guard is argv's)
     from libs.service import serve
 
     settings = load_settings()

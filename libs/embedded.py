@@ -35,7 +35,7 @@ from typing import IO
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from libs.drivers.local import free_port, kill_node_workers, reap_all
+from libs.drivers.local import free_port, kill_node_workers, power_off, power_on_all, reap_all
 from libs.inventory import HostsFile, local_hosts
 from libs.logs import get_logger
 
@@ -357,6 +357,7 @@ class EmbeddedStack:
         hosts_file = self.state_dir / "hosts.yaml"
         hosts_file.write_text(json.dumps(self.hosts.model_dump(), indent=1))  # JSON is YAML
         (self.state_dir / "logs").mkdir(exist_ok=True)
+        power_on_all(self.state_dir)  # a fresh start powers every local node on
         self.nats = NatsServer(self.state_dir / "nats", token=secrets.token_hex(16))
         self.nats.start(self.state_dir / "logs" / f"{NATS}.log")
         self.record()
@@ -432,7 +433,9 @@ class EmbeddedStack:
         return restarted
 
     def kill_node(self, node: str) -> list[int]:
-        """A node dies: SIGKILL its agent and every worker on it."""
+        """A node dies: SIGKILL its agent and every worker on it; it stays
+        powered off (no new worker starts there) until the stack restarts."""
+        power_off(self.state_dir, node)
         proc = self.procs.get(f"agent-{node}")
         if proc is not None and proc.poll() is None:
             with contextlib.suppress(ProcessLookupError):

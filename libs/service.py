@@ -28,6 +28,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Protocol
 
+from libs import shutdown
 from libs.bus import Bus, on_connection_lost
 from libs.logs import configure, get_logger
 from libs.routes import Empty, HealthReply, Routes, health_endpoint
@@ -132,6 +133,8 @@ async def run_service(service: Service | ServiceFactory, settings: Settings, *,
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    if shutdown.asked():  # told to stop while it was still importing
+        stop.set()
     life = _Life()
 
     def _lost(reason: str) -> None:

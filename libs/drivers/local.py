@@ -119,6 +119,51 @@ class LocalDriver:
             await self.adopt()
         return self._launched_ranks(job, attempt)
 
+    def _node_file(self, job: str, attempt: int, rank: int) -> Path:
+        path = self.state_dir / "ranks" / f"{job}-a{attempt}-r{rank}"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return path
+
+    def _exit_reported_file(self, job: str, attempt: int, rank: int) -> Path:
+        return self.state_dir / "announced" / f"{job}-a{attempt}-r{rank}-exited"
+
+    async def _report_exit(self, job: str, attempt: int, rank: int, node: str, code: int,
+                           reason: str | None = None) -> None:
+        """Publish a rank's exit until it is out, then mark it reported: an
+        exit recorded while no one could hear it (the bus down, then the
+        stack stopped) is reported by the next driver's ``adopt``."""
+        await self._emit(WorkerExited(
+            id=f"{job}-a{attempt}-r{rank}-exited", source=self.source, job=job, node=node,
+            data=WorkerExitedData(attempt=attempt, rank=rank, exit_code=code, reason=reason)))
+        marker = self._exit_reported_file(job, attempt, rank)
+        marker.parent.mkdir(parents=True, exist_ok=True)
+        marker.touch()
+
+    async def _report_unheard_exits(self) -> int:
+        """Exits recorded (exit files) but never reported, of ranks no watcher
+        follows now; returns how many were reported."""
+        watched = {(w.job, w.attempt, w.rank) for ws in self._workers.values() for w in ws}
+        reported = 0
+        for exit_file in sorted((self.state_dir / "exits").glob("*-a*-r*")):
+            if exit_file.name.startswith("."):
+                continue
+            job, rest = exit_file.name.rsplit("-a", 1)
+            attempt_s, rank_s = rest.split("-r", 1)
+            try:
+                attempt, rank = int(attempt_s), int(rank_s)
+                code = int(exit_file.read_text())
+                node = self._node_file(job, attempt, rank).read_text().strip()
+            except (ValueError, FileNotFoundError):
+                continue  # not ours, still being written, or from before ranks/ was kept
+            if (job, attempt, rank) in watched \
+                    or self._exit_reported_file(job, attempt, rank).exists():
+                continue
+            self._log.info("reporting an exit no one heard", job=job, attempt=attempt,
+                           rank=rank, node=node, exit_code=code)
+            await self._report_exit(job, attempt, rank, node, code)
+            reported += 1
+        return reported
+
     def _intent_file(self, job: str, attempt: int, rank: int) -> Path:
         return self.state_dir / "intents" / f"{job}-a{attempt}-r{rank}"
 
@@ -140,11 +185,15 @@ class LocalDriver:
                 continue
             exit_file = self._exit_file(job, attempt, slot.rank)
             self._intent_file(job, attempt, slot.rank).write_text(f"{time.time()}\n")
+            # Where the rank runs, for an exit reported after a restart.
+            write_atomic(self._node_file(job, attempt, slot.rank), f"{slot.node}\n")
             pid_dir = self.state_dir / "pids" / slot.node
             env = self._env(job, attempt, spec, slot, len(slots), port)
             cwd = spec.workdir or os.getcwd()
             log_path = run_dir / f"rank-{slot.rank}.log"
             unrunnable = cannot_run(self._argv(spec), cwd, env.get("PATH", os.defpath))
+            if node_down_file(self.state_dir, slot.node).exists():
+                unrunnable = (-int(signal.SIGKILL), f"node {slot.node} is down")
             if unrunnable is not None:
                 await self._refuse(job, attempt, slot, log_path, *unrunnable)
                 continue
@@ -180,15 +229,13 @@ class LocalDriver:
         write_exit(self._exit_file(job, attempt, slot.rank), code)
         self._log.warning("worker cannot start", job=job, node=slot.node, rank=slot.rank,
                           exit_code=code, reason=reason, log=str(log_path))
-        await self._emit(WorkerExited(
-            id=f"{job}-a{attempt}-r{slot.rank}-exited", source=self.source, job=job,
-            node=slot.node,
-            data=WorkerExitedData(attempt=attempt, rank=slot.rank, exit_code=code,
-                                  reason=reason)))
+        await self._report_exit(job, attempt, slot.rank, slot.node, code, reason)
 
     async def adopt(self) -> int:
         """After a restart: watch the workers a previous driver started (their
-        pid files remain), so their exits are reported. Returns how many."""
+        pid files remain), so their exits are reported, and report the exits
+        that were recorded but never heard (the bus was down when they came,
+        then the stack stopped). Returns how many workers it adopted."""
         adopted = 0
         known = {w.pid for workers in self._workers.values() for w in workers}
         for pid_file in sorted((self.state_dir / "pids").glob("*/[0-9]*")):
@@ -209,6 +256,7 @@ class LocalDriver:
                 await self._announce_start(worker)
             worker.watcher = asyncio.create_task(self._watch(worker))
             adopted += 1
+        await self._report_unheard_exits()
         return adopted
 
     async def _emit(self, event: WorkerStarted | WorkerExited) -> None:
@@ -260,13 +308,7 @@ class LocalDriver:
                        exit_code=code)
         if not worker.exit_file.exists():
             write_exit(worker.exit_file, code)  # so a relaunch knows this rank ran
-        await self._emit(
-            WorkerExited(
-                id=f"{worker.job}-a{worker.attempt}-r{worker.rank}-exited",
-                source=self.source, job=worker.job, node=worker.node,
-                data=WorkerExitedData(attempt=worker.attempt, rank=worker.rank, exit_code=code),
-            )
-        )
+        await self._report_exit(worker.job, worker.attempt, worker.rank, worker.node, code)
         # Only now: a crash before this line leaves the pid file, and the
         # next driver reports this exit again (same event id, de-duplicated).
         with contextlib.suppress(FileNotFoundError):
@@ -290,6 +332,8 @@ class LocalDriver:
     async def node_workers(self, node: str) -> NodeWorkers:
         """A local node's workers are processes here: alive while their pid
         lives and no exit is recorded."""
+        if node_down_file(self.state_dir, node).exists():
+            return NodeWorkers(node=node, workers=0, alive=False, detail="node is down")
         running = [w for ws in self._workers.values() for w in ws
                    if w.node == node and not w.exit_file.exists() and _pid_alive(w.pid)]
         return NodeWorkers(node=node, workers=len(running), alive=bool(running),
@@ -356,6 +400,23 @@ def _alive(pid: int) -> bool:
 def _signal_group(pid: int, sig: signal.Signals) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pid, sig)
+
+
+def node_down_file(state_dir: Path, node: str) -> Path:
+    """While this file exists the local node is powered off: the driver starts
+    no worker there and reports none alive (a real dead machine runs nothing)."""
+    return state_dir.resolve() / "down" / node
+
+
+def power_off(state_dir: Path, node: str) -> None:
+    path = node_down_file(state_dir, node)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.touch()
+
+
+def power_on_all(state_dir: Path) -> None:
+    for path in (state_dir.resolve() / "down").glob("*"):
+        path.unlink(missing_ok=True)
 
 
 def kill_node_workers(state_dir: Path, node: str,
