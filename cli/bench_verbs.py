@@ -206,19 +206,26 @@ async def _sweep(nodes: list[str], level: str, turns: bool, timeout_s: float,
             nodes = sorted(await read_bucket(bus, NODES))
         if not nodes:
             raise CliError("no nodes: name them with --nodes or register them with bootstrap")
-        reply = await bus.ask(SWEEP, SweepRequest(nodes=nodes, level=level,  # type: ignore[arg-type]
-                                                  turns=turns, force=force),
-                              timeout_s=timeout_s)
-    except CliError:
-        raise
-    except Exception as exc:
-        raise CliError(f"bench-coordinator did not finish the sweep ({exc!r}); "
-                       "is it running?") from None
+        reply = await _ask_coordinator(bus, SWEEP, SweepRequest(
+            nodes=nodes, level=level, turns=turns, force=force), "sweep",  # type: ignore[arg-type]
+            timeout_s)
     finally:
         await bus.close()
-    if not reply.ok:
-        raise CliError(f"sweep refused: {reply.error}")
     assert isinstance(reply, SweepReply)
+    return reply
+
+
+async def _ask_coordinator(bus: Bus, endpoint: Any, request: Any, what: str,
+                           timeout_s: float) -> Any:
+    """The coordinator's reply to a long request; one line when it did not
+    answer or refused."""
+    try:
+        reply = await bus.ask(endpoint, request, timeout_s=timeout_s)
+    except Exception as exc:
+        raise CliError(f"bench-coordinator did not finish the {what} ({exc!r}); "
+                       "is it running?") from None
+    if not reply.ok:
+        raise CliError(f"{what} refused: {reply.error}")
     return reply
 
 
@@ -245,15 +252,10 @@ async def _search(nodes: list[str], healthy: list[str] | None, timeout_s: float,
                   force: bool) -> SearchReply:
     bus = await connect(load_settings())
     try:
-        reply = await bus.ask(SEARCH, SearchRequest(nodes=nodes, healthy=healthy, force=force),
-                              timeout_s=timeout_s)
-    except Exception as exc:
-        raise CliError(f"bench-coordinator did not finish the search ({exc!r}); "
-                       "is it running?") from None
+        reply = await _ask_coordinator(bus, SEARCH, SearchRequest(
+            nodes=nodes, healthy=healthy, force=force), "search", timeout_s)
     finally:
         await bus.close()
-    if not reply.ok:
-        raise CliError(f"search refused: {reply.error}")
     assert isinstance(reply, SearchReply)
     return reply
 

@@ -4,13 +4,16 @@ plus reads of the owners' KV buckets and Lens's named queries."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import socket
 import sys
+import time
 import uuid
+from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 from nats.js.errors import BucketNotFoundError
@@ -24,6 +27,8 @@ from libs.settings import Settings
 from libs.specs import load_model
 from services.lens_collector.protocol import LENS_QUERY, LensQuery
 from services.scheduler.protocol import ADMISSION, AdmissionReply, AdmissionRequest
+
+T = TypeVar("T")
 
 
 class CliError(Exception):
@@ -197,3 +202,17 @@ async def submit(path: str) -> str:
     finally:
         await bus.close()
     return job
+
+
+async def wait_for(check: Callable[[], Awaitable[T | None]], timeout_s: float,
+                   late: Callable[[], str]) -> T:
+    """The first answer of ``check`` that is not None, asked every 0.2 s; a
+    ``CliError`` with ``late()`` once ``timeout_s`` passed without one."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        answer = await check()
+        if answer is not None:
+            return answer
+        if time.monotonic() > deadline:
+            raise CliError(late())
+        await asyncio.sleep(0.2)

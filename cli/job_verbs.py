@@ -15,10 +15,9 @@ import asyncio
 import getpass
 import json
 import socket
-import time
 from typing import Any
 
-from cli.client import CliError, connect
+from cli.client import CliError, connect, wait_for
 from cli.output import load_settings
 from libs.bus import Bus
 from libs.events import (
@@ -99,20 +98,24 @@ async def _control(bus: Bus, action: Action, job: str, reason: str, wait: bool,
     if not wait:
         return _result(action, job, record, changed=True,
                        message=f"job {job}: {action} requested (not waiting)")
-    deadline = time.monotonic() + timeout_s
-    while True:
-        now = await records.get(job)
-        if _done(action, now, request.id):
-            return _result(action, job, now, changed=True, message=_said(action, job, now))
-        if time.monotonic() > deadline:
-            state = now.status if now is not None else "gone"
-            taken = now is not None and now.last_command == request.id
-            raise CliError(
-                f"job {job}: {action} requested {timeout_s:g} s ago and the job is still "
+    last: list[JobRecord | None] = [record]
+
+    async def done() -> dict[str, Any] | None:
+        now = last[0] = await records.get(job)
+        if not _done(action, now, request.id):
+            return None
+        return _result(action, job, now, changed=True, message=_said(action, job, now))
+
+    def late() -> str:
+        now = last[0]
+        state = now.status if now is not None else "gone"
+        taken = now is not None and now.last_command == request.id
+        return (f"job {job}: {action} requested {timeout_s:g} s ago and the job is still "
                 f"{state}" + ("" if taken else " (no scheduler has taken the request yet: "
                               "is one running? it acts on the request when it is)")
                 + "; primus-safe explain " + job + " shows where it stands")
-        await asyncio.sleep(0.2)
+
+    return await wait_for(done, timeout_s, late)
 
 
 def _done(action: Action, now: JobRecord | None, request: str) -> bool:

@@ -13,11 +13,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from cli.client import CliError, connect
+from cli.client import CliError, connect, wait_for
 from cli.job_verbs import operator
 from cli.output import load_settings
 from libs.bus import Bus
@@ -90,18 +89,6 @@ async def _on_bus(fn: Callable[[Bus], Awaitable[dict[str, Any]]]) -> dict[str, A
         await bus.close()
 
 
-async def _until(check: Callable[[], Awaitable[str | None]], timeout_s: float,
-                 late: Callable[[], str]) -> str:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        said = await check()
-        if said is not None:
-            return said
-        if time.monotonic() > deadline:
-            raise CliError(late())
-        await asyncio.sleep(0.2)
-
-
 async def node_act(action: str, node: str, *, reason: str = "", wait: bool = True,
                    timeout_s: float = 300.0) -> dict[str, Any]:
     async def act(bus: Bus) -> dict[str, Any]:
@@ -148,7 +135,7 @@ async def node_act(action: str, node: str, *, reason: str = "", wait: bool = Tru
                     "(is bootstrap running? a drain waits for the jobs to stop); "
                     "primus-safe nodes shows where it stands")
 
-        said = await _until(done, timeout_s, late)
+        said = await wait_for(done, timeout_s, late)
         return {"node": node, "action": action, "changed": True, "state": record.state,
                 "cordoned": want, "moved": moved, "message": said}
 
@@ -186,7 +173,7 @@ async def close_fault(fault_id: str, *, reason: str = "", wait: bool = True,
             return (f"fault {fault_id}: close requested {timeout_s:g} s ago and still "
                     f"{record.status} (is failover running?)")
 
-        said = await _until(done, timeout_s, late)
+        said = await wait_for(done, timeout_s, late)
         return {"fault": fault_id, "changed": True, "status": "closed", "message": said}
 
     return await _on_bus(act)

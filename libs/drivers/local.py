@@ -335,7 +335,7 @@ class LocalDriver:
         if node_down_file(self.state_dir, node).exists():
             return NodeWorkers(node=node, workers=0, alive=False, detail="node is down")
         running = [w for ws in self._workers.values() for w in ws
-                   if w.node == node and not w.exit_file.exists() and _pid_alive(w.pid)]
+                   if w.node == node and not w.exit_file.exists() and _alive(w.pid)]
         return NodeWorkers(node=node, workers=len(running), alive=bool(running),
                            detail=f"{len(running)} worker process(es) alive")
 
@@ -351,16 +351,6 @@ class LocalDriver:
                 if worker.watcher is not None:
                     worker.watcher.cancel()
         self._workers.clear()
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def cannot_run(argv: list[str], cwd: str, path: str) -> tuple[int, str] | None:
