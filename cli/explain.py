@@ -102,8 +102,9 @@ def summary(kind: str, data: dict[str, Any]) -> str:
         return f"#{data['position']}: {data['reason']}"
     if kind in ("worker.started", "worker.exited"):
         code = f" exit {data['exit_code']}" if "exit_code" in data else ""
+        lost = " (lost)" if data.get("lost") else ""
         why = f": {data['reason']}" if data.get("reason") else ""
-        return f"attempt {data['attempt']} rank {data['rank']}{code}{why}"
+        return f"attempt {data['attempt']} rank {data['rank']}{code}{lost}{why}"
     if kind == "job.preempted":
         return f"by {data['preemptor']} (grace {data['grace_s']} s)"
     if not isinstance(data, dict):

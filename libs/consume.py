@@ -37,6 +37,7 @@ from libs.events import Event, UnsupportedVersion, read_event
 from libs.logs import get_logger
 from libs.natsfast import LeanLink
 from libs.pull import NatsLink, Puller
+from libs.tasks import cancel_and_wait
 from libs.topology import StreamSpec
 
 EventHandler = Callable[[Event], Awaitable[None]]
@@ -301,8 +302,7 @@ class Consumers:
         self._stopping.set()
         if self._tasks:
             done, pending = await asyncio.wait(self._tasks, timeout=5)
-            for task in pending:
-                task.cancel()
+            await cancel_and_wait(pending)
             for task in done:
                 if not task.cancelled() and task.exception() is not None:
                     self._log.error("consumer ended with error", error=repr(task.exception()))

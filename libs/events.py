@@ -635,6 +635,11 @@ class WorkerExitedData(Frozen):
     exit_code: int = Field(description="negative: killed by that signal")
     reason: str | None = Field(default=None, description="why, when the driver knows "
                                "(e.g. 'command not found: X', exit 127)")
+    lost: bool = Field(default=False, description=(
+        "the driver found the worker gone with no exit recorded: it was killed while no "
+        "driver watched (the stack or its node stopped). The platform's loss, not the "
+        "job's: the scheduler runs the gang again as a new attempt without spending a "
+        "retry"))
 
 
 class WorkerExited(Event):

@@ -30,6 +30,7 @@ from nats.aio.msg import Msg
 
 from libs.logs import get_logger
 from libs.pull import Puller
+from libs.tasks import cancel_and_wait
 
 _MSG_ID = b"NATS/1.0\r\nNats-Msg-Id: "
 
@@ -130,10 +131,7 @@ class FastPublisher:
             with contextlib.suppress(Exception):
                 await self._writer.drain()
                 self._writer.close()
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._task
+        await cancel_and_wait([self._task])
 
 
 class LeanLink:
@@ -163,10 +161,7 @@ class LeanLink:
         self._task = asyncio.create_task(self._read_loop(), name=f"{self._name}:read")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._task
+        await cancel_and_wait([self._task])
         if self._writer is not None:
             with contextlib.suppress(Exception):
                 self._writer.close()

@@ -57,6 +57,7 @@ from libs.events import (
     WorkerStartedData,
 )
 from libs.logs import get_logger
+from libs.tasks import cancel_and_wait
 
 __all__ = ["KubernetesDriver", "KubernetesDriverConfig", "load_api_client"]
 
@@ -202,10 +203,7 @@ class KubernetesDriver:
                 stream.shutdown()  # unblocks the watch thread's read
         if self._thread is not None:
             await asyncio.to_thread(self._thread.join, 5.0)
-        if self._consumer is not None:
-            self._consumer.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._consumer
+        await cancel_and_wait([self._consumer])
         if self._owns_client:
             self._api_client.close()
 

@@ -41,10 +41,12 @@ from libs.events import (
     WorkerStartedData,
 )
 from libs.logs import get_logger
+from libs.tasks import cancel_and_wait
 from libs.worker_env import WorkerEnv
 
 # How long a relaunch waits for a rank that an earlier driver was starting.
 INTENT_WAIT_S = 5.0
+LOST_REASON = "killed while no driver watched (the stack or its node stopped)"
 
 
 def free_port() -> int:
@@ -128,13 +130,14 @@ class LocalDriver:
         return self.state_dir / "announced" / f"{job}-a{attempt}-r{rank}-exited"
 
     async def _report_exit(self, job: str, attempt: int, rank: int, node: str, code: int,
-                           reason: str | None = None) -> None:
+                           reason: str | None = None, *, lost: bool = False) -> None:
         """Publish a rank's exit until it is out, then mark it reported: an
         exit recorded while no one could hear it (the bus down, then the
         stack stopped) is reported by the next driver's ``adopt``."""
         await self._emit(WorkerExited(
             id=f"{job}-a{attempt}-r{rank}-exited", source=self.source, job=job, node=node,
-            data=WorkerExitedData(attempt=attempt, rank=rank, exit_code=code, reason=reason)))
+            data=WorkerExitedData(attempt=attempt, rank=rank, exit_code=code, reason=reason,
+                                  lost=lost)))
         marker = self._exit_reported_file(job, attempt, rank)
         marker.parent.mkdir(parents=True, exist_ok=True)
         marker.touch()
@@ -163,6 +166,36 @@ class LocalDriver:
             await self._report_exit(job, attempt, rank, node, code)
             reported += 1
         return reported
+
+    async def _report_lost_ranks(self) -> int:
+        """Ranks that started (their start was announced) but are neither
+        followed nor recorded as ended: killed with their supervisor while no
+        driver watched (the stack stopped and reaped them). Each gets an exit
+        file, so it is never started again under the same attempt (whose
+        events de-duplication would swallow), and a ``lost`` exit, so the
+        scheduler runs the gang again as a new, visible attempt."""
+        watched = {(w.job, w.attempt, w.rank) for ws in self._workers.values() for w in ws}
+        lost = 0
+        for marker in sorted((self.state_dir / "announced").glob("*-a*-r*")):
+            if marker.name.endswith("-exited"):
+                continue
+            job, rest = marker.name.rsplit("-a", 1)
+            try:
+                attempt, rank = (int(x) for x in rest.split("-r", 1))
+                node = self._node_file(job, attempt, rank).read_text().strip()
+            except (ValueError, FileNotFoundError):
+                continue
+            exit_file = self._exit_file(job, attempt, rank)
+            if (job, attempt, rank) in watched or exit_file.exists():
+                continue
+            code = -int(signal.SIGKILL)
+            exit_file.parent.mkdir(parents=True, exist_ok=True)
+            write_exit(exit_file, code)
+            self._log.warning("worker lost: gone with no exit recorded", job=job,
+                              attempt=attempt, rank=rank, node=node)
+            await self._report_exit(job, attempt, rank, node, code, LOST_REASON, lost=True)
+            lost += 1
+        return lost
 
     def _intent_file(self, job: str, attempt: int, rank: int) -> Path:
         return self.state_dir / "intents" / f"{job}-a{attempt}-r{rank}"
@@ -257,6 +290,7 @@ class LocalDriver:
             worker.watcher = asyncio.create_task(self._watch(worker))
             adopted += 1
         await self._report_unheard_exits()
+        await self._report_lost_ranks()
         return adopted
 
     async def _emit(self, event: WorkerStarted | WorkerExited) -> None:
@@ -346,11 +380,9 @@ class LocalDriver:
     async def detach(self) -> None:
         """Stop watching without stopping the workers (a scheduler restart
         adopts them again)."""
-        for workers in self._workers.values():
-            for worker in workers:
-                if worker.watcher is not None:
-                    worker.watcher.cancel()
+        watchers = [w.watcher for workers in self._workers.values() for w in workers]
         self._workers.clear()
+        await cancel_and_wait(watchers)
 
 
 def cannot_run(argv: list[str], cwd: str, path: str) -> tuple[int, str] | None:

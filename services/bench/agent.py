@@ -38,6 +38,7 @@ from libs.events import (
 )
 from libs.logs import get_logger
 from libs.settings import Settings
+from libs.tasks import cancel_and_wait
 from libs.wiring import wire
 from services.bench import levels, probes
 from services.bench.config import ConfigFile
@@ -429,10 +430,7 @@ class BenchAgent:
     async def stop(self) -> None:
         if self._gate is not None:
             self._gate.abort()
-        tasks = [*self._tasks, *self._probes]
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await cancel_and_wait([*self._tasks, *self._probes])
         # Said after the last heartbeat went out (a beat behind it would mean
         # "back"): the node and its workers run on while this agent restarts,
         # and failover waits for it rather than evacuating them.

@@ -18,7 +18,6 @@ bucket when the leader's lease ends.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from typing import Any
 
@@ -44,6 +43,7 @@ from libs.records import (
 )
 from libs.routes import Empty
 from libs.settings import Settings
+from libs.tasks import cancel_and_wait
 from libs.wiring import Wiring, wire
 from services.bench.busy import busy_nodes, why_busy
 from services.bench.config import ConfigFile
@@ -356,10 +356,7 @@ class BenchCoordinator:
         return FleetReport(rows=self.report())
 
     async def stop(self) -> None:
-        if self._follow_task is not None:
-            self._follow_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._follow_task
+        await cancel_and_wait([self._follow_task])
         await self._stop_acting()
         if self.election is not None:  # hand the lease over at once
             await self.election.stop(release=True)

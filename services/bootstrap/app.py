@@ -46,6 +46,7 @@ from libs.logs import get_logger
 from libs.records import INVENTORY, JOBS, NODES, InventoryRecord, NodeRecord
 from libs.settings import Settings
 from libs.specs import load_model
+from libs.tasks import cancel_and_wait
 from libs.wiring import wire
 from services.bootstrap import rebench
 from services.bootstrap.onboarding import State, Trigger, step
@@ -434,9 +435,7 @@ class Bootstrap:
         self.nodes[record.name] = record
 
     async def stop(self) -> None:
-        for task in [*self._drains.values(), self._rebench_task]:
-            if task is not None:
-                task.cancel()
+        await cancel_and_wait([*self._drains.values(), self._rebench_task])
 
     def health(self) -> dict[str, Any]:
         states: dict[str, int] = {}

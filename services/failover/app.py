@@ -51,6 +51,7 @@ from libs.logs import get_logger
 from libs.records import FAULTS, NODES, FaultRecord
 from libs.settings import Settings
 from libs.specs import load_model
+from libs.tasks import cancel_and_wait
 from libs.wiring import wire
 from services.failover.faults import (
     Decision,
@@ -311,8 +312,7 @@ class Failover:
         await self.kv.put(fault.fault_id, fault, on_conflict=lambda _: None)
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
+        await cancel_and_wait([self._task])
 
     def health(self) -> dict[str, Any]:
         open_faults = [f.fault_id for f in self.book.faults.values() if f.status != "closed"]

@@ -14,7 +14,6 @@ on one worker thread, while the event loop fetches the next batch.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import gc
 import hashlib
 import time
@@ -39,6 +38,7 @@ from libs.logs import get_logger
 from libs.settings import Settings
 from libs.specs import load_model
 from libs.store import migrate, open_store
+from libs.tasks import cancel_and_wait
 from libs.wiring import wire
 from services.lens_collector.alerting import AlertLoop
 from services.lens_collector.alerts import AlertConfig, AlertEngine
@@ -196,10 +196,7 @@ class LensCollector:
                         rows=[list(r) for r in result.result_rows])
 
     async def stop(self) -> None:
-        if self._alert_task is not None:
-            self._alert_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._alert_task
+        await cancel_and_wait([self._alert_task])
         if self.election is not None:
             await self.election.stop()  # a standby takes over now, not after the TTL
         self._pool.shutdown(wait=True)

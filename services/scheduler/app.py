@@ -69,6 +69,7 @@ from libs.leader import LeaderElection, NotLeader, follow
 from libs.logs import get_logger
 from libs.records import JOBS, NODES, JobRecord, NodeRecord
 from libs.settings import Settings
+from libs.tasks import cancel_and_wait
 from libs.wiring import Wiring, wire
 from services.scheduler import config as scheduler_config
 from services.scheduler import lifecycle
@@ -159,11 +160,8 @@ class Scheduler:
         self.state, self._shown = SchedulerState(), {}
 
     async def _stop_acting(self, *, wait_s: float) -> None:
-        if self._cycle_task is not None:
-            self._cycle_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._cycle_task
-            self._cycle_task = None
+        await cancel_and_wait([self._cycle_task])
+        self._cycle_task = None
         if self._term_routes is not None:
             await self._term_routes.stop()
             self._term_routes = None
@@ -171,8 +169,7 @@ class Scheduler:
         # cancelled: a new leader sends every unfinished stop again.
         if self._tasks and wait_s > 0:
             await asyncio.wait(list(self._tasks), timeout=wait_s)
-        for task in list(self._tasks):
-            task.cancel()
+        await cancel_and_wait(list(self._tasks))
         if self.driver is not None:
             # Running workers keep running: the next leader adopts them.
             await self.driver.detach()
@@ -254,7 +251,7 @@ class Scheduler:
                 await self._apply(job, lifecycle.Exited(
                     attempt=event.data.attempt, rank=event.data.rank,
                     code=event.data.exit_code, node=event.node,
-                    reason=event.data.reason or ""))
+                    reason=event.data.reason or "", lost=event.data.lost))
 
     async def on_job_recover(self, event: JobRecover) -> None:
         async with self._handling():
@@ -540,10 +537,7 @@ class Scheduler:
         await self.kv.put(job.id, job, on_conflict=newer_term)
 
     async def stop(self) -> None:
-        if self._follow_task is not None:
-            self._follow_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._follow_task
+        await cancel_and_wait([self._follow_task])
         # Finish what this leader started, then hand the lease over at once.
         await self._stop_acting(wait_s=15)
         if self.election is not None:

@@ -79,6 +79,7 @@ class Exited:
     code: int
     node: str
     reason: str = ""
+    lost: bool = False  # killed while no driver watched: no retry spent
 
 
 @dataclass(frozen=True)
@@ -366,6 +367,15 @@ def _exited(draft: _Draft, fact: Exited, now: float, limits: Limits) -> Step:
             _finish_stop(draft, now)
         else:
             draft.effects.append(Save())
+        return draft.done()
+    if fact.lost:
+        # Like a Kubernetes disruption, not the job's failure: its next
+        # attempt runs at once, first in the queue, and spends no retry.
+        job.not_before, job.recovering = 0.0, True
+        _stop(draft, "requeue", f"rank {fact.rank} on {fact.node} was lost "
+                                f"({fact.reason or 'no exit recorded'}); running the gang "
+                                "again, no retry spent", now,
+              grace_s=limits.broken_gang_grace_s)
         return draft.done()
     if fact.code != 0:
         why = f" ({fact.reason})" if fact.reason else ""

@@ -109,7 +109,9 @@ async def test_refused_at_submit_unschedulable_accepted_and_the_queue_moves(
 
         r = await until(failed, "the never-runnable event's job to fail")
         assert r["code"] == "refused" and "unknown workspace 'research'" in r["reason"]
-        msg = await bus.js.get_last_msg("CONTROL", "safe.job.elsewhere.failed")
+        # The record is saved before the event goes out: the event may trail it.
+        msg = await until(lambda: bus.js.get_last_msg("CONTROL", "safe.job.elsewhere.failed"),
+                          "the job.failed event")
         assert "unknown workspace 'research'" in json.loads(msg.data)["data"]["reason"]
 
         # The cluster grows: the unschedulable job is admitted and runs.

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from libs.bus import Bus
-from libs.drivers.local import LocalDriver, kill_node_workers
+from libs.drivers.local import LOST_REASON, LocalDriver, kill_node_workers, reap_all
 from libs.events import Event, JobSpec, WorkerExited, WorkerSlot, WorkerStarted
 from libs.sdk import Run, latest_complete_checkpoint
 
@@ -136,4 +136,38 @@ async def test_a_new_driver_adopts_workers_that_outlived_the_old_one(tmp_path: P
     assert len([e for e in first if isinstance(e, WorkerStarted)]) == 2
     assert sorted((e.node, e.data.exit_code) for e in second
                   if isinstance(e, WorkerExited)) == [("a", 4), ("b", 5)]
+    assert not list((tmp_path / "pids").glob("*/*"))
+
+
+async def test_workers_reaped_while_no_driver_watched_are_reported_lost_once(
+        tmp_path: Path) -> None:
+    """The stack stopped: the driver detached, its workers were SIGKILLed with
+    their supervisors (no exit recorded). The next driver reports each rank
+    lost, once, and never starts it again under the same attempt."""
+    first: list[Event] = []
+    second: list[Event] = []
+
+    async def sink1(event: Event) -> None:
+        first.append(event)
+
+    async def sink2(event: Event) -> None:
+        second.append(event)
+
+    old = LocalDriver(tmp_path, sink1, nats_url="nats://127.0.0.1:1")
+    spec = JobSpec(name="j", workers=2,
+                   command=[sys.executable, "-c", "import time; time.sleep(60)"])
+    slots = [WorkerSlot(rank=0, node="a", gpus=0), WorkerSlot(rank=1, node="b", gpus=0)]
+    await old.launch("j", 1, spec, slots)
+    await old.detach()
+    assert len(reap_all(tmp_path)) == 2
+    assert not list((tmp_path / "exits").glob("j-a1-r*"))
+
+    new = LocalDriver(tmp_path, sink2, nats_url="nats://127.0.0.1:1")
+    assert await new.adopt() == 0
+    lost = sorted((e.node, e.data.rank, e.data.exit_code, e.data.lost, e.data.reason)
+                  for e in second if isinstance(e, WorkerExited))
+    assert lost == [("a", 0, -9, True, LOST_REASON), ("b", 1, -9, True, LOST_REASON)]
+    assert await new.adopt() == 0 and len(second) == 2  # reported once
+    await new.launch("j", 1, spec, slots)  # a restarted leader launches again: a no-op
+    assert not any(isinstance(e, WorkerStarted) for e in second)
     assert not list((tmp_path / "pids").glob("*/*"))

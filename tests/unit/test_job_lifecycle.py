@@ -95,6 +95,25 @@ def test_a_failed_rank_spends_a_retry_and_requeues_after_a_backoff() -> None:
     assert "Announce:failed" in kinds(end)
 
 
+def test_a_lost_gang_runs_again_at_once_without_spending_a_retry() -> None:
+    # The stack stopped while the job ran: the next driver reports each rank lost.
+    lost = lc.apply(running(max_retry=1), Exited(1, 0, -9, "a", "stack stopped", lost=True),
+                    20.0, LIMITS)
+    job1 = lost.record
+    assert job1 is not None and job1.status == "stopping" and job1.after_stop == "requeue"
+    assert job1.retries == 0 and job1.not_before == 0.0 and job1.recovering
+    assert "rank 0 on a was lost (stack stopped)" in job1.reason
+    assert "no retry spent" in job1.reason
+    done = lc.apply(job1, Exited(1, 1, -9, "b", "stack stopped", lost=True), 21.0, LIMITS)
+    assert done.record is not None and done.record.status == "pending"
+    assert done.record.retries == 0
+    again = lc.apply(done.record, Placed(slots("a", "b")), 22.0, LIMITS).record
+    assert again is not None and again.attempt == 2 and again.retries == 0
+    # a real failure after it still spends the retry it has
+    failed = lc.apply(again, Exited(2, 0, 1, "a"), 23.0, LIMITS).record
+    assert failed is not None and failed.retries == 1 and failed.after_stop == "requeue"
+
+
 def test_an_operator_stop_checkpoints_and_can_be_resumed() -> None:
     step = lc.apply(running(), Command("stop", by="ops@h", reason="upgrade"), 20.0, LIMITS)
     stopping = step.record
@@ -238,7 +257,8 @@ class World:
 op = st.one_of(
     st.tuples(st.just("place"), st.integers(0, 2)),
     st.tuples(st.just("exit"), st.integers(0, 2), st.integers(0, 1),
-              st.sampled_from([0, 0, 1, -9, -15]), st.booleans()),
+              st.sampled_from([0, 0, 1, -9, -15]), st.booleans(),
+              st.sampled_from([False, False, False, True])),
     st.tuples(st.just("node_lost"), st.sampled_from(sorted(NODES))),
     st.tuples(st.just("drain"), st.sampled_from(sorted(NODES))),
     st.tuples(st.just("recover"), st.integers(0, 2)),
@@ -355,12 +375,13 @@ def test_random_sequences_keep_the_lifecycle_sound(
                     retry_placements[name] = record.retries
                 fact = Placed(chosen)
             elif kind == "exit":
-                _, _, rank, code, old = o
+                _, _, rank, code, old, lost = o
                 if not record.slots:
                     continue
                 rank = int(rank) % len(record.slots)  # type: ignore[call-overload]
                 attempt = record.attempt - 1 if old else record.attempt
-                fact = Exited(attempt, rank, int(code), record.slots[rank].node)  # type: ignore[call-overload]
+                fact = Exited(attempt, rank, int(code), record.slots[rank].node,  # type: ignore[call-overload]
+                              lost=bool(lost))
             elif kind == "recover":
                 fact = lc.Recover("hang", exclude=tuple(record.nodes[:1]))
             elif kind == "preempt":
