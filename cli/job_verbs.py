@@ -102,6 +102,15 @@ async def _control(bus: Bus, action: Action, job: str, reason: str, wait: bool,
 
     async def done() -> dict[str, Any] | None:
         now = last[0] = await records.get(job)
+        if now is not None and now.last_command != request.id:
+            # Not taken yet. If the job moved to where the request no longer
+            # applies (it completed, someone else cancelled it), the
+            # scheduler will say so too and act on nothing: do not wait.
+            verdict, line = check(now, action, job)
+            if verdict == "refused":
+                raise CliError(f"{line} (it changed after the {action} was sent)")
+            if verdict == "noop":
+                return _result(action, job, now, changed=False, message=line)
         if not _done(action, now, request.id):
             return None
         return _result(action, job, now, changed=True, message=_said(action, job, now))

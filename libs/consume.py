@@ -173,6 +173,12 @@ class Consumers:
         async def handle(msgs: list[Msg]) -> None:
             try:
                 await on_msgs(msgs, puller)
+            except Exception as exc:
+                # Outside a handler (an ack, a dead letter that could not be
+                # sent): the unacked messages come back after ack_wait. The
+                # consumer goes on; a dead one would leave the service deaf.
+                self._log.exception("batch not finished; its unacked messages come back",
+                                    durable=durable, messages=len(msgs), error=repr(exc))
             finally:
                 slots.release()
 

@@ -16,11 +16,14 @@ from typing import Any
 
 import pytest
 
+from cli.client import CliError
+from cli.job_verbs import _control
 from libs.bus import Bus
 from libs.drivers.local import reap_all
 from libs.events import JobSpec, JobSubmitted, JobSubmittedData
+from libs.records import JobRecord
 from libs.sdk import latest_complete_checkpoint
-from tests.helpers import ROOT, ready_nodes, run_cli, until
+from tests.helpers import ROOT, job_record, ready_nodes, run_cli, until
 from tests.integration.test_scheduler_service import scheduler
 
 pytestmark = pytest.mark.timeout(300)
@@ -244,3 +247,31 @@ async def test_drain_moves_a_job_without_spending_a_retry(nats_url: str, bus: Bu
         await bootstrap.stop()
         reap_all(state)
     assert code == 0
+
+
+async def test_a_request_the_job_outran_is_answered_at_once(bus: Bus) -> None:
+    """The job moved between the CLI's check and the scheduler reading the
+    request (it completed; someone else cancelled it): the scheduler will act
+    on nothing, so the CLI says why at once instead of waiting out --timeout."""
+    kv = await bus.kv("jobs")
+
+    async def becomes(job: str, status: str, after_stop: str | None = None) -> None:
+        await asyncio.sleep(0.5)  # after the request went out
+        record = JobRecord.model_validate_json(job_record(job, status, "n1"))
+        record.after_stop = after_stop  # type: ignore[assignment]
+        await kv.put(job, record.model_dump_json().encode())
+
+    await kv.put("done-soon", job_record("done-soon", "running", "n1"))
+    moved = asyncio.create_task(becomes("done-soon", "completed"))
+    started = asyncio.get_running_loop().time()
+    with pytest.raises(CliError, match=r"cannot stop job done-soon: it is completed, a final "
+                                       r"state .* \(it changed after the stop was sent\)"):
+        await _control(bus, "stop", "done-soon", "", True, 60)
+    await moved
+    assert asyncio.get_running_loop().time() - started < 10
+
+    await kv.put("other-op", job_record("other-op", "running", "n1"))
+    moved = asyncio.create_task(becomes("other-op", "stopping", "cancel"))
+    result = await _control(bus, "cancel", "other-op", "", True, 60)
+    await moved
+    assert result["changed"] is False and "already being cancelled" in result["message"]

@@ -30,7 +30,7 @@ from libs.events import (
     WorkerStarted,
     parse_event,
 )
-from tests.helpers import ROOT, ready_nodes
+from tests.helpers import ROOT, ready_nodes, until
 
 pytestmark = pytest.mark.timeout(300)
 NODES = {f"n{i}": (2, f"r{(i - 1) // 2 + 1}") for i in range(1, 7)}  # 6 nodes x 2 GPUs
@@ -87,14 +87,45 @@ async def test_invariants_hold_across_random_scheduler_kills(
                                           for r in records):
                 break
             await asyncio.sleep(0.5)
+        # The jobs may all have ended before the last scheduler got going: a
+        # SIGTERM inside the interpreter's own start-up kills any process.
+        async def last_started() -> bool:
+            return log.read_text().count('"event": "started"') == kills + 1
+
+        await until(last_started, "the last scheduler to start")
         proc.send_signal(signal.SIGTERM)
         assert await asyncio.to_thread(proc.wait, 30) == 0
     finally:
         reap_all(state)
     statuses = {r["id"]: r["status"] for r in records}
-    assert statuses == dict.fromkeys(statuses, "completed"), (statuses, log.read_text()[-3000:])
+    if statuses != dict.fromkeys(statuses, "completed"):
+        raise AssertionError(await diagnose(bus, statuses, log))
     assert kills == 5
     await check_history(bus, submitted, marker)
+
+
+async def diagnose(bus: Bus, statuses: dict[str, str], log: Path) -> str:
+    """What a failure needs to be understood: the unfinished jobs' records
+    and their KV history, their worker events, and the scheduler consumer."""
+    unfinished = sorted(j for j, s in statuses.items() if s != "completed")
+    kv = await bus.kv("jobs")
+    lines = [f"not completed: {unfinished} of {statuses}"]
+    for job in unfinished:
+        for entry in await kv.history(job):
+            r = json.loads(entry.value) if entry.value else {}
+            lines.append(f"  kv {job} rev {entry.revision}: {r.get('status')} attempt "
+                         f"{r.get('attempt')} term {r.get('leader_term')} exits {r.get('exits')}")
+    last = (await bus.js.stream_info("CONTROL")).state.last_seq
+    for seq in range(1, last + 1):
+        msg = await bus.js.get_msg("CONTROL", seq)
+        if any(f".{job}." in msg.subject for job in unfinished):
+            lines.append(f"  seq {seq} {msg.subject} {msg.data[:300]!r}")
+    for info in (await bus.js.consumers_info("CONTROL")):
+        lines.append(f"  consumer {info.name}: delivered {info.delivered} ack_floor "
+                     f"{info.ack_floor} pending {info.num_pending} ack_pending "
+                     f"{info.num_ack_pending} redelivered {info.num_redelivered}")
+    lines.append(log.read_text()[-6000:])
+    return "\n".join(lines)
 
 
 async def check_history(bus: Bus, submitted: list[JobSubmitted], marker: Path) -> None:
