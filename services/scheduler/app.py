@@ -40,23 +40,12 @@ from libs.drivers.base import ClusterDriver, NodeWorkers, NodeWorkersRequest
 from libs.drivers.local import LocalDriver
 from libs.events import (
     Event,
-    JobCancelled,
     JobCancelRequested,
-    JobChangedData,
-    JobCompleted,
-    JobDeleted,
     JobDeleteRequested,
-    JobEndedData,
-    JobFailed,
     JobPending,
     JobPendingData,
-    JobPlaced,
-    JobPlacedData,
-    JobPreempted,
-    JobPreemptedData,
     JobRecover,
     JobResumeRequested,
-    JobStopped,
     JobStopRequested,
     JobSubmitted,
     NodeRegistered,
@@ -73,6 +62,7 @@ from libs.tasks import cancel_and_wait
 from libs.wiring import Wiring, wire
 from services.scheduler import config as scheduler_config
 from services.scheduler import lifecycle
+from services.scheduler.announcements import SOURCE, announcement, end_of
 from services.scheduler.policy import admission, schedule
 from services.scheduler.protocol import AdmissionReply, AdmissionRequest
 from services.scheduler.routes import ROUTES
@@ -84,7 +74,6 @@ from services.scheduler.view import (
 )
 from services.scheduler.view import snapshot as build_snapshot
 
-SOURCE = "scheduler"
 JobCommand = JobStopRequested | JobResumeRequested | JobCancelRequested | JobDeleteRequested
 COMMANDS: dict[type[Event], lifecycle.Action] = {
     JobStopRequested: "stop", JobResumeRequested: "resume", JobCancelRequested: "cancel",
@@ -336,40 +325,13 @@ class Scheduler:
             await self._apply(job, lifecycle.LaunchFailed(str(exc)))
 
     async def _announce(self, job: JobRecord, what: lifecycle.Announce) -> None:
-        duration = max(0.0, time.time() - job.submitted_at)
-        changed = JobChangedData(attempt=job.attempt, reason=job.reason, by=job.stopped_by)
-        event: Event
-        match what.what:
-            case "placed":
-                event = JobPlaced(id=f"{job.id}-placed-{job.attempt}", source=SOURCE, job=job.id,
-                                  data=JobPlacedData(attempt=job.attempt, workers=job.slots))
-            case "preempted":
-                event = JobPreempted(
-                    id=f"{job.id}-preempted-{job.attempt}", source=SOURCE, job=job.id,
-                    data=JobPreemptedData(attempt=job.attempt, preemptor=what.detail,
-                                          grace_s=self.limits.preemption_grace_s))
-            case "completed":
-                event = JobCompleted(id=f"{job.id}-completed", source=SOURCE, job=job.id,
-                                     data=JobEndedData(attempt=job.attempt, duration_s=duration))
-                self._log.info("job completed", job=job.id, attempt=job.attempt)
-            case "failed":
-                # The contract has no attempt 0: a job refused before any placement is 1.
-                event = JobFailed(id=f"{job.id}-failed", source=SOURCE, job=job.id,
-                                  data=JobEndedData(attempt=max(1, job.attempt),
-                                                    duration_s=duration, reason=job.reason))
-            case "stopped":
-                event = JobStopped(id=f"{job.id}-stopped-{job.stops}", source=SOURCE,
-                                   job=job.id, data=changed)
-            case "cancelled":
-                event = JobCancelled(id=f"{job.id}-cancelled", source=SOURCE, job=job.id,
-                                     data=changed)
-            case "deleted":
-                event = JobDeleted(id=f"{job.id}-deleted", source=SOURCE, job=job.id,
-                                   data=changed)
-        if what.what not in ("placed", "completed"):
+        if what.what == "completed":
+            self._log.info("job completed", job=job.id, attempt=job.attempt)
+        elif what.what != "placed":
             self._log.warning(f"job {what.what}", job=job.id, attempt=job.attempt,
                               reason=job.reason)
-        await self._publish(event)
+        await self._publish(announcement(job, what, now=time.time(),
+                                         preemption_grace_s=self.limits.preemption_grace_s))
 
     def _background(self, coro: Any) -> None:
         task = asyncio.create_task(coro)
@@ -497,15 +459,11 @@ class Scheduler:
         unless the stream holds it (its id is fixed, so a repeat inside the
         de-duplication window is dropped anyway)."""
         assert self.bus is not None
-        kind = JobCompleted if job.status == "completed" else JobFailed
-        if await self.bus.stored(kind, job=job.id):
+        end = end_of(job, now=time.time())
+        if await self.bus.stored(type(end), job=job.id):
             return
         self._log.warning("end of job not in the stream; publishing it again", job=job.id)
-        await self._publish(kind(
-            id=f"{job.id}-{job.status}", source=SOURCE, job=job.id,
-            data=JobEndedData(attempt=job.attempt,
-                              duration_s=max(0.0, time.time() - job.submitted_at),
-                              reason=job.reason if job.status == "failed" else "")))
+        await self._publish(end)
 
     async def _forget(self, job: JobRecord) -> None:
         """The scheduler no longer knows the job (its history stays in Lens)."""
