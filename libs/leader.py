@@ -42,6 +42,7 @@ from libs.bus import Bus
 from libs.logs import get_logger
 from libs.records import LEASES, LeaseRecord
 from libs.settings import Settings
+from libs.tasks import cancel_and_wait
 
 LEASES_BUCKET = LEASES.name
 # A leader stops acting this far into its TTL without a renewal; the rest of
@@ -221,8 +222,8 @@ class LeaderElection:
             # delete below at a stale revision, and the lease would then
             # expire instead of being handed over. The loop sees the stop at
             # its next await; a step stuck on NATS is cancelled after a tick.
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await asyncio.wait_for(self._task, tick_s(self.ttl_s))
+            await asyncio.wait([self._task], timeout=tick_s(self.ttl_s))
+            await cancel_and_wait([self._task])
         held = self._held
         if held is not None:
             self._lose("stopped", expected=True)
