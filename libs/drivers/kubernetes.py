@@ -15,6 +15,9 @@ Choices an operator should know:
 - A pod that disappears or fails without a container termination record
   (deleted, evicted, node lost) is reported with exit code -9 (killed), so
   the scheduler ends the attempt as it does for a killed local worker.
+- A pod deleted while no driver watched (found missing when a new leader
+  launches its attempt again) is reported ``lost``; it is not created again,
+  and the scheduler runs the gang as a new attempt without spending a retry.
 - ``close()`` only stops the watch. Pods outlive the scheduler process on
   purpose: a scheduler restart or leader change must not kill training; a
   new driver's first list reports what happened meanwhile (same event ids,
@@ -40,11 +43,13 @@ from kubernetes.watch.watch import iter_resp_lines
 
 from libs.drivers.base import EventSink, NodeWorkers
 from libs.drivers.k8s_manifests import (
+    KILLED_EXIT_CODE,
     WATCH_SELECTOR,
     KubernetesDriverConfig,
     WorkerPod,
     gang_manifests,
     job_selector,
+    pod_name,
     read_worker_pod,
 )
 from libs.events import (
@@ -124,13 +129,19 @@ class KubernetesDriver:
         self._thread.start()
 
     async def launch(self, job: str, attempt: int, spec: JobSpec, slots: list[WorkerSlot]) -> None:
-        """Create the service, then the pods. Objects of this attempt that already
-        exist (409) are fine; any other failure removes the gang and raises."""
+        """Create the service, then the pods; any failure removes the gang and
+        raises. A service that exists already means this attempt was launched
+        before (a new leader launches it again): its pods are not created
+        again, and one that is gone (deleted while no driver watched) is
+        reported ``lost``, so the gang runs again as a new attempt instead of
+        a rank starting twice under ids that de-duplication swallows."""
         await self.start()
         service, pods = gang_manifests(job, attempt, spec, slots, config=self.config,
                                        nats_url=self.nats_url)
         try:
-            await asyncio.to_thread(self._create, "service", service)
+            if not await asyncio.to_thread(self._create, "service", service):
+                await self._report_lost(job, attempt, slots)
+                return
             await _in_threads(self._create, [("pod", p) for p in pods])
         except Exception as exc:
             # The caller gets the exception (and logs its traceback); say what we do.
@@ -164,6 +175,20 @@ class KubernetesDriver:
         if pods["items"]:
             self._log.warning("pods still terminating after stop", job=job,
                               pods=[p["metadata"]["name"] for p in pods["items"]])
+
+    async def _report_lost(self, job: str, attempt: int, slots: list[WorkerSlot]) -> None:
+        listing = await asyncio.to_thread(self._list, "pod", job_selector(job))
+        present = {p["metadata"]["name"] for p in listing["items"]}
+        for slot in slots:
+            if pod_name(job, attempt, slot.rank) in present:
+                continue
+            self._log.warning("worker pod lost: gone with no exit seen", job=job,
+                              attempt=attempt, rank=slot.rank, node=slot.node)
+            await self._emit_once(WorkerExited(
+                id=f"{job}-a{attempt}-r{slot.rank}-exited", source=self.source, job=job,
+                node=slot.node, data=WorkerExitedData(
+                    attempt=attempt, rank=slot.rank, exit_code=KILLED_EXIT_CODE, lost=True,
+                    reason="pod deleted while no driver watched")))
 
     async def node_workers(self, node: str) -> NodeWorkers:
         """Alive when the Node is Ready and worker pods run there (the pod
@@ -209,7 +234,8 @@ class KubernetesDriver:
 
     # ------------------------------------------------------------------ API calls (threads)
 
-    def _create(self, kind: str, body: dict[str, Any]) -> None:
+    def _create(self, kind: str, body: dict[str, Any]) -> bool:
+        """Create the object; False when it exists already."""
         ns, name = self.config.namespace, body["metadata"]["name"]
         try:
             create = (self._core.create_namespaced_service if kind == "service"
@@ -219,6 +245,8 @@ class KubernetesDriver:
             if exc.status != 409:
                 raise
             self._log.info("already exists", kind=kind, name=name)
+            return False
+        return True
 
     def _delete(self, kind: str, name: str, grace: int | None) -> None:
         ns = self.config.namespace

@@ -361,6 +361,8 @@ def _exited(draft: _Draft, fact: Exited, now: float, limits: Limits) -> Step:
         return Step(job)  # already handled
     if job.exits.get(fact.rank) == fact.code:
         return Step(job)  # a redelivery
+    if fact.lost and fact.rank in job.exits:
+        return Step(job)  # its end is known: gone afterwards is no loss
     job.exits[fact.rank] = fact.code
     if job.status == "stopping":
         if len(job.exits) >= len(job.slots):

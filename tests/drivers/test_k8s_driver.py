@@ -193,11 +193,24 @@ async def test_stop_deletes_pods_with_grace_then_service(
 
 
 async def test_launch_is_idempotent_for_the_same_attempt(
-        api: FakeKubeApi, driver: KubernetesDriver) -> None:
+        api: FakeKubeApi, driver: KubernetesDriver, events: list[Event]) -> None:
     await driver.launch(JOB, 2, SPEC, SLOTS)
-    await driver.launch(JOB, 2, SPEC, SLOTS)
-    assert sorted(c.status for c in api.requests(method="POST")) == [201] * 3 + [409] * 3
+    await driver.launch(JOB, 2, SPEC, SLOTS)  # a new leader: the service is there
+    assert sorted(c.status for c in api.requests(method="POST")) == [201] * 3 + [409]
     assert len(api.pods) == 2 and len(api.services) == 1
+    assert not [e for e in events if isinstance(e, WorkerExited)]
+
+
+async def test_a_pod_deleted_while_no_driver_watched_is_lost_not_started_again(
+        api: FakeKubeApi, driver: KubernetesDriver, events: list[Event]) -> None:
+    await driver.launch(JOB, 2, SPEC, SLOTS)
+    api.pods.pop(pod_name(JOB, 2, 1))  # drained away while the scheduler restarted
+    await driver.launch(JOB, 2, SPEC, SLOTS)
+    assert pod_name(JOB, 2, 1) not in api.pods  # never a second start under the same ids
+    lost = [e for e in events if isinstance(e, WorkerExited)]
+    assert [(e.id, e.node, e.data.rank, e.data.exit_code, e.data.lost) for e in lost] == [
+        (f"{JOB}-a2-r1-exited", "node-b", 1, KILLED_EXIT_CODE, True)]
+    assert lost[0].data.reason == "pod deleted while no driver watched"
 
 
 async def test_failed_launch_removes_the_gang_and_raises(

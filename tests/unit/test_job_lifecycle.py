@@ -109,6 +109,11 @@ def test_a_lost_gang_runs_again_at_once_without_spending_a_retry() -> None:
     assert done.record.retries == 0
     again = lc.apply(done.record, Placed(slots("a", "b")), 22.0, LIMITS).record
     assert again is not None and again.attempt == 2 and again.retries == 0
+    # a rank whose end is known is not lost when its worker is gone afterwards
+    one_done = lc.apply(again, Exited(2, 0, 0, "a"), 22.5, LIMITS).record
+    assert one_done is not None
+    gone = lc.apply(one_done, Exited(2, 0, -9, "a", "pod deleted", lost=True), 22.6, LIMITS)
+    assert gone.record == one_done and gone.effects == ()
     # a real failure after it still spends the retry it has
     failed = lc.apply(again, Exited(2, 0, 1, "a"), 23.0, LIMITS).record
     assert failed is not None and failed.retries == 1 and failed.after_stop == "requeue"
