@@ -4,7 +4,8 @@ does): each agent stays away longer than the heartbeat deadline and comes
 back. Stopped cleanly (SIGTERM) it says so and failover waits for it;
 killed (SIGKILL) it says nothing, and failover asks the driver, which sees
 the node's workers still run. Either way no node is quarantined, no fault
-is opened, the job is never restarted."""
+is opened, the job is never restarted, and Lens misses no telemetry beyond
+each agent's own restart gap (the job's, sent by its workers, none)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import asyncio
 import os
 import signal
 import time
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -71,9 +73,16 @@ async def _rolling(stack: EmbeddedStack, tmp_path: Path, sig: int) -> None:
             return record if record and record["status"] == "running" else None
 
         placed = await poll(running, "the job to run")
+
+        async def training() -> bool:
+            return await _last_iteration(bus, job) > 0
+
+        await poll(training, "the job's first steps in Lens")
+        away: dict[str, tuple[float, float]] = {}  # node -> (killed, beating again), epoch s
         for node in stack.node_names:
             name = f"agent-{node}"
             proc = stack.procs[name]
+            killed = time.time()
             os.killpg(proc.pid, sig)  # SIGTERM: what a DaemonSet rollout sends
             assert await asyncio.to_thread(proc.wait, 30) == (0 if sig == signal.SIGTERM
                                                               else -signal.SIGKILL)
@@ -84,6 +93,7 @@ async def _rolling(stack: EmbeddedStack, tmp_path: Path, sig: int) -> None:
                 return beats.get(node) == pid
 
             await poll(back, f"{name} to beat again", timeout=60)
+            away[node] = (killed, time.time())
         await asyncio.sleep(4.0)  # a fault decided late would show by now
 
         record = (await bucket(bus, "jobs"))[job]
@@ -100,6 +110,18 @@ async def _rolling(stack: EmbeddedStack, tmp_path: Path, sig: int) -> None:
         steps_before = await _last_iteration(bus, job)
         await asyncio.sleep(2.0)
         assert await _last_iteration(bus, job) > steps_before  # still training
+        # Telemetry: each node's has one gap, inside its agent's restart;
+        # the job's (its workers report themselves) has none.
+        until = time.time() - 2.0  # what Lens has surely stored by now
+        for node, window in away.items():
+            gaps = _gaps(await _seconds_with_rows(bus, "node_series", node=node),
+                         placed["started_at"] + 3.0, until)
+            assert gaps, f"{node}: its agent was away {AWAY_S} s and Lens shows no gap"
+            assert all(window[0] - 2.0 <= a and b <= window[1] + 2.0 for a, b in gaps), \
+                f"{node}: telemetry gaps {gaps} outside its restart {window}"
+        gaps = _gaps(await _seconds_with_rows(bus, "job_throughput", job=job),
+                     min(w[0] for w in away.values()), until)
+        assert gaps == [], f"the job's telemetry stopped: {gaps}"
         started = time.monotonic()
         cancel = await asyncio.to_thread(run_cli, "cancel", job, env=env, timeout=120)
         assert cancel.returncode == 0, cancel.stderr
@@ -115,3 +137,21 @@ async def _last_iteration(bus: Bus, job: str) -> int:
     assert reply["ok"], reply
     rows = [dict(zip(reply["columns"], r, strict=True)) for r in reply["rows"]]
     return int(rows[0]["last_iteration"]) if rows and rows[0]["last_iteration"] else 0
+
+
+async def _seconds_with_rows(bus: Bus, query: str, **params: str) -> list[float]:
+    """The one-second buckets (epoch s) in which Lens holds rows of ``query``."""
+    reply = await bus.request("safe.query.lens.query",
+                              {"query": query, "params": {**params, "step": 1}},
+                              timeout_s=20)
+    assert reply["ok"], reply
+    at = reply["columns"].index("t")
+    return sorted(datetime.fromisoformat(r[at]).replace(tzinfo=UTC).timestamp()
+                  for r in reply["rows"])
+
+
+def _gaps(seconds: list[float], start: float, end: float, *, longer_than: float = 3.0
+          ) -> list[tuple[float, float]]:
+    """Stretches longer than ``longer_than`` within [start, end] with no bucket."""
+    marks = [start, *(s for s in seconds if start < s < end), end]
+    return [(a, b) for a, b in zip(marks, marks[1:], strict=False) if b - a > longer_than]
