@@ -184,7 +184,7 @@ class KubernetesDriver:
                 continue
             self._log.warning("worker pod lost: gone with no exit seen", job=job,
                               attempt=attempt, rank=slot.rank, node=slot.node)
-            await self._emit_once(WorkerExited(
+            await self._emit_until_out(WorkerExited(
                 id=f"{job}-a{attempt}-r{slot.rank}-exited", source=self.source, job=job,
                 node=slot.node, data=WorkerExitedData(
                     attempt=attempt, rank=slot.rank, exit_code=KILLED_EXIT_CODE, lost=True,
@@ -380,6 +380,16 @@ class KubernetesDriver:
             self._emitted.difference_update({f"{base}-started", f"{base}-exited"})
         else:
             self._known[view.name] = view
+
+    async def _emit_until_out(self, event: Event) -> None:
+        """For an event no pod status will bring again (a lost pod's exit):
+        publish until it is out; the id makes a repeat that got through a no-op."""
+        delay = 0.25
+        while event.id not in self._emitted:
+            await self._emit_once(event)
+            if event.id not in self._emitted:
+                await asyncio.sleep(delay)
+                delay = min(5.0, delay * 2)
 
     async def _emit_once(self, event: Event) -> None:
         if event.id in self._emitted:

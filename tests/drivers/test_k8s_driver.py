@@ -300,3 +300,29 @@ async def test_node_workers_is_the_node_ready_condition_and_its_running_pods(
     assert not (await driver.node_workers("node-a")).alive
     gone = await driver.node_workers("node-x")  # no such Node: no evidence of life
     assert not gone.alive and "cannot read node node-x" in gone.detail
+
+
+async def test_a_lost_pod_is_reported_even_when_the_bus_refuses_it_at_first(
+        api: FakeKubeApi) -> None:
+    """No pod status will bring a lost pod's exit again: it is sent until out."""
+    events: list[Event] = []
+    refusals = [2]
+
+    async def sink(event: Event) -> None:
+        if isinstance(event, WorkerExited) and refusals[0] > 0:
+            refusals[0] -= 1
+            raise ConnectionError("bus away")
+        events.append(event)
+
+    api_client = client.ApiClient(client.Configuration(host=api.url))
+    drv = KubernetesDriver(CONFIG, sink, nats_url=NATS, api_client=api_client,
+                           watch_timeout_s=30, stop_wait_s=2.0)
+    try:
+        await drv.launch(JOB, 4, SPEC, SLOTS)
+        api.pods.pop(pod_name(JOB, 4, 0))
+        await drv.launch(JOB, 4, SPEC, SLOTS)
+        lost = [e for e in events if isinstance(e, WorkerExited)]
+        assert [(e.data.rank, e.data.lost) for e in lost] == [(0, True)] and refusals == [0]
+    finally:
+        await drv.close()
+        api_client.close()
