@@ -170,3 +170,17 @@ def test_bad_names_on_the_command_line_are_user_errors(argv: tuple[str, ...]) ->
     proc = run_cli(*argv, env=env, timeout=30)
     assert proc.returncode == 1 and "is not a valid name" in proc.stderr, proc.stderr
     assert "Traceback" not in proc.stderr and proc.stdout == ""
+
+
+@pytest.mark.parametrize(("argv", "says"), [
+    (("stop", "j1", "--timeout", "0"), "--timeout 0: write a positive number of seconds"),
+    (("resume", "j1", "--timeout", "-5"), "--timeout -5: write a positive number of seconds"),
+    (("cancel", "j1", "--timeout", "soon"), "invalid float value: 'soon'"),
+    (("delete", "a.b"), "is not a valid name"),
+])
+def test_malformed_job_verb_flags_are_one_line_and_touch_nothing(
+        argv: tuple[str, ...], says: str) -> None:
+    env = {**os.environ, "PRIMUS_NATS_URL": "nats://127.0.0.1:1"}  # nothing listens there
+    proc = run_cli(*argv, env=env, timeout=30)
+    assert proc.returncode != 0 and says in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr and proc.stdout == ""
