@@ -330,7 +330,7 @@ class Bus:
 
     async def records(self, spec: BucketSpec[R]) -> Records[R]:
         """A bucket as typed records (``libs.records``), written revision-checked."""
-        return Records(await self.js.key_value(spec.name), spec)
+        return Records(await self.js.key_value(spec.name), spec, self.nc)
 
     async def kv(self, bucket: str) -> KeyValue:
         return await self.js.key_value(bucket)

@@ -20,11 +20,11 @@ import json
 from collections.abc import Awaitable, Callable
 from typing import Any, Generic
 
+from nats.aio.client import Client
 from nats.js.errors import (
     KeyDeletedError,
     KeyNotFoundError,
     KeyWrongLastSequenceError,
-    NoKeysError,
 )
 from nats.js.kv import KeyValue
 from pydantic import ValidationError
@@ -51,8 +51,9 @@ class Records(Generic[R]):
     The revision of each key this process read or wrote is remembered; a
     write is made at that revision (or as a new key)."""
 
-    def __init__(self, kv: KeyValue, spec: BucketSpec[R]) -> None:
+    def __init__(self, kv: KeyValue, spec: BucketSpec[R], nc: Client) -> None:
         self.kv = kv
+        self.nc = nc
         self.spec = spec
         self.model = spec.record
         self._revisions: dict[str, int] = {}
@@ -76,10 +77,28 @@ class Records(Generic[R]):
                              f"{_short(exc)}") from None
 
     async def keys(self) -> list[str]:
-        try:
-            return sorted(await self.kv.keys())
-        except NoKeysError:
-            return []
+        """Every key with an entry in the bucket (its last may be a delete:
+        ``get`` says None for those). Read from the stream's subject list,
+        a page of up to 100,000 per request, not with nats-py's
+        ``KeyValue.keys``: that opens a consumer per call, which lingers for
+        minutes (a stream takes 1,000), and it can answer "no keys" for a
+        full bucket when the consumer has sent every entry before the
+        client looks at its count (a new scheduler leader would then
+        rebuild with no jobs)."""
+        prefix = f"$KV.{self.spec.name}."
+        keys: list[str] = []
+        while True:
+            body = json.dumps({"subjects_filter": f"{prefix}>", "offset": len(keys)})
+            reply = await self.nc.request(f"$JS.API.STREAM.INFO.KV_{self.spec.name}",
+                                          body.encode(), timeout=5.0)
+            doc = json.loads(reply.data)
+            if "error" in doc:
+                raise RuntimeError(f"cannot list the keys of {self.spec.name}: "
+                                   f"{doc['error'].get('description', doc['error'])}")
+            page = list((doc.get("state") or {}).get("subjects") or {})
+            keys += [subject.removeprefix(prefix) for subject in page]
+            if not page or len(keys) >= int(doc.get("total") or 0):
+                return sorted(keys)
 
     async def get(self, key: str) -> R | None:
         """The stored record, or None when there is none; raises ValueError

@@ -236,7 +236,10 @@ class Scheduler:
     async def on_worker_exited(self, event: WorkerExited) -> None:
         async with self._handling():
             job = self.state.jobs.get(event.job)
-            if job is not None:
+            if job is None:  # forgotten (deleted, past its TTL), or never ours
+                self._log.info("exit of a job the scheduler does not know", job=event.job,
+                               attempt=event.data.attempt, rank=event.data.rank)
+            else:
                 await self._apply(job, lifecycle.Exited(
                     attempt=event.data.attempt, rank=event.data.rank,
                     code=event.data.exit_code, node=event.node,

@@ -14,6 +14,7 @@ import pytest
 from libs.bus import Bus
 from libs.embedded import EmbeddedStack
 from libs.events import parse_event
+from libs.records import BUCKETS
 from tests.helpers import ROOT, run_cli
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(400)]
@@ -30,9 +31,10 @@ async def poll(fn, what: str, timeout: float = 120, every: float = 0.3):  # type
 
 
 async def bucket(bus: Bus, name: str) -> dict[str, dict]:  # type: ignore[type-arg]
+    """A state bucket's records as stored (JSON), {} while it cannot be read."""
     try:
-        kv = await bus.kv(name)
-        return {k: json.loads((await kv.get(k)).value) for k in await kv.keys()}
+        records = await bus.records(next(b for b in BUCKETS if b.name == name))
+        return {k: json.loads(r.model_dump_json()) for k, r in (await records.load()).items()}
     except Exception:
         return {}
 

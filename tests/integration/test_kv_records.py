@@ -70,3 +70,19 @@ async def test_an_old_bench_record_is_read_as_the_current_version(bus: Bus) -> N
     record = (await (await bus.records(BENCH)).load())["n1"]
     assert record.version == 2 and list(record.levels) == ["standard"]
     assert record.levels["standard"].figures[0].value == 0.2 and record.verdict is None
+
+
+async def test_reading_a_bucket_opens_no_consumer_and_skips_deleted_keys(bus: Bus) -> None:
+    """A bucket is read from its stream's subject list: no consumer per read
+    (a stream takes 1,000 and each lingered for minutes), deleted keys are
+    listed but not loaded, an empty bucket is an empty dict."""
+    nodes = await bus.records(NODES)
+    assert await nodes.keys() == [] and await nodes.load() == {}
+    for name in ("n3", "n1", "n2"):
+        await nodes.put(name, node(name))
+    await nodes.delete("n2")
+    for _ in range(1100):  # more reads than a stream takes consumers
+        loaded = await nodes.load()
+    assert sorted(loaded) == ["n1", "n3"] and await nodes.keys() == ["n1", "n2", "n3"]
+    info = await bus.js.stream_info("KV_nodes")
+    assert info.state.consumer_count == 0

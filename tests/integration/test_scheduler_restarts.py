@@ -17,7 +17,6 @@ from collections import Counter, defaultdict
 from pathlib import Path
 
 import pytest
-from nats.js.errors import NoKeysError
 
 from libs.bus import Bus
 from libs.drivers.local import reap_all
@@ -30,6 +29,7 @@ from libs.events import (
     WorkerStarted,
     parse_event,
 )
+from libs.records import JOBS
 from tests.helpers import ROOT, ready_nodes, until
 
 pytestmark = pytest.mark.timeout(300)
@@ -76,15 +76,11 @@ async def test_invariants_hold_across_random_scheduler_kills(
             kills += 1
         starts = log.read_text().count(STARTED)  # some were killed before they started
         proc = start_scheduler(nats_url, state, log)
-        kv = await bus.kv("jobs")
+        jobs_bucket = await bus.records(JOBS)
         deadline = time.monotonic() + 180
         records: list[dict] = []  # type: ignore[type-arg]
         while time.monotonic() < deadline:
-            try:
-                keys = await kv.keys()
-            except NoKeysError:  # nothing saved yet
-                keys = []
-            records = [json.loads((await kv.get(k)).value) for k in keys]
+            records = [r.model_dump(mode="json") for r in (await jobs_bucket.load()).values()]
             if len(records) == 16 and all(r["status"] in ("completed", "failed")
                                           for r in records):
                 break
