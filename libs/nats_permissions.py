@@ -55,7 +55,8 @@ def _kv_read(bucket: str) -> list[str]:
     return [f"$JS.API.STREAM.INFO.{stream}",
             f"$JS.API.DIRECT.GET.{stream}", f"$JS.API.DIRECT.GET.{stream}.>",
             f"$JS.API.STREAM.MSG.GET.{stream}",
-            # keys() and watch() run an ordered push consumer on the bucket.
+            # A KV watch (nats-py's keys() too) runs an ordered push consumer;
+            # Records lists keys with STREAM.INFO and opens none.
             f"$JS.API.CONSUMER.CREATE.{stream}", f"$JS.API.CONSUMER.CREATE.{stream}.>",
             f"$JS.API.CONSUMER.INFO.{stream}.*", f"$JS.API.CONSUMER.DELETE.{stream}.*",
             f"$JS.FC.{stream}.>"]
