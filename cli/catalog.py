@@ -6,9 +6,10 @@ collected here, and from them, never by hand: the NATS users the Helm chart
 ships (``libs.nats_permissions``), ``proto/`` with its AsyncAPI operations
 (``libs.proto_gen``), and the README's Architecture table. It lives with
 the CLI, the one layer that may import every service; it only reads their
-tables.
+tables. The same step writes the chart's values schema for the services'
+configuration files from their models (``cli.chart_schema``).
 
-    python -m cli.catalog --write   # regenerate all three
+    python -m cli.catalog --write   # regenerate all of them
     python -m cli.catalog --check   # exit 1 when one of them drifted
 """
 
@@ -18,10 +19,11 @@ import argparse
 import sys
 from pathlib import Path
 
+from cli import chart_schema
 from cli.routes import ROUTES as CLI
 from libs import sdk
 from libs.events import EVENT_TYPES, Event, event_type_name
-from libs.nats_permissions import CHART_FILE, HEADER, render_users
+from libs.nats_permissions import CHART_FILE, HEADER, render_callout, render_users
 from libs.proto_gen import render
 from libs.routes import Routes, events_of
 from libs.topology import STREAMS
@@ -32,9 +34,11 @@ from services.lens_collector.routes import ROUTES as LENS
 from services.scheduler.routes import ROUTES as SCHEDULER
 
 SERVICES: tuple[Routes, ...] = (BOOTSTRAP, SCHEDULER, AGENT, COORDINATOR, LENS, FAILOVER)
-# Every NATS user: the services, the operator's CLI, training workers.
+# Every route table: the services, the operator's CLI, training workers.
 ROLES: tuple[Routes, ...] = (*SERVICES, CLI, sdk.ROUTES)
 ROLE_NAMES: tuple[str, ...] = tuple(r.service for r in ROLES)
+# The platform's NATS users (jobs log in with their own credential instead).
+NATS_USERS: tuple[str, ...] = tuple(r.service for r in ROLES if r.nats_user)
 
 ROOT = Path(__file__).resolve().parents[1]
 PROTO = ROOT / "proto"
@@ -102,8 +106,9 @@ def readme_with_table(text: str) -> str:
 def generated() -> dict[Path, str]:
     """Every derived file and its content."""
     files = {PROTO / rel: text for rel, text in render(ROLES).items()}
-    files[CHART_FILE] = HEADER + render_users(ROLES)
+    files[CHART_FILE] = HEADER + render_users(ROLES) + render_callout(ROLES)
     files[README] = readme_with_table(README.read_text())
+    files[chart_schema.SCHEMA_FILE] = chart_schema.render(chart_schema.SCHEMA_FILE.read_text())
     return files
 
 

@@ -19,6 +19,7 @@ import hashlib
 import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 from clickhouse_connect.driver.client import Client
@@ -60,6 +61,11 @@ from services.lens_collector.schema import MIGRATIONS
 RUN_ENDED = (JobCompleted, JobFailed, JobPreempted, JobStopped, JobCancelled)
 
 
+def load_alerts(path: Path | None) -> AlertConfig:
+    """The alert rules file (PRIMUS_LENS_ALERTS_FILE); the defaults without one."""
+    return AlertConfig() if path is None else load_model(path, AlertConfig)
+
+
 class LensCollector:
     name = "lens-collector"
     routes = ROUTES
@@ -83,7 +89,7 @@ class LensCollector:
         self.election: LeaderElection | None = None
         if evaluate_alerts:
             path = settings.lens_alerts_file
-            config = alerts or (load_model(path, AlertConfig) if path else AlertConfig())
+            config = alerts or load_alerts(path)
             self._alert_config = config
         self._evaluate = evaluate_alerts
         self._alert_interval_s = alert_interval_s

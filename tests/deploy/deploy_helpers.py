@@ -82,3 +82,22 @@ def workloads(objects: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
         for o in objects
         if o["kind"] in ("Deployment", "DaemonSet") and component(o) in ALL_VERBS
     }
+
+
+def pod_spec(workload: dict[str, Any]) -> dict[str, Any]:
+    return workload["spec"]["template"]["spec"]
+
+
+def main_container(workload: dict[str, Any]) -> dict[str, Any]:
+    (container,) = pod_spec(workload)["containers"]
+    return container
+
+
+def mounted_file(workload: dict[str, Any], path: str) -> tuple[dict[str, Any], str]:
+    """The volume behind a file path in the main container, and the file's key in it."""
+    volumes = {v["name"]: v for v in pod_spec(workload)["volumes"]}
+    for mount in main_container(workload)["volumeMounts"]:
+        prefix = mount["mountPath"].rstrip("/") + "/"
+        if path.startswith(prefix):
+            return volumes[mount["name"]], path[len(prefix) :]
+    raise AssertionError(f"{path} is not mounted")

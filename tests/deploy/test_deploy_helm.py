@@ -34,7 +34,10 @@ from deploy_helpers import (
     Renderer,
     by_kind,
     component,
+    main_container,
+    mounted_file,
     parse_cli,
+    pod_spec,
     run_helm,
     secret_env,
     workloads,
@@ -52,15 +55,6 @@ def has_inventory(scenario: str) -> bool:
 
 def fullname(component_name: str) -> str:
     return f"{RELEASE}-primus-safe-{component_name}"
-
-
-def pod_spec(workload: dict[str, Any]) -> dict[str, Any]:
-    return workload["spec"]["template"]["spec"]
-
-
-def main_container(workload: dict[str, Any]) -> dict[str, Any]:
-    (container,) = pod_spec(workload)["containers"]
-    return container
 
 
 # --------------------------------------------------------------- lint ---
@@ -176,16 +170,6 @@ def test_env_is_the_primus_contract(render: Renderer, scenario: str) -> None:
 def test_agent_node_name_from_downward_api(render: Renderer) -> None:
     env = {e["name"]: e for e in main_container(workloads(render())["bench-agent"])["env"]}
     assert env["PRIMUS_NODE_NAME"]["valueFrom"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
-
-
-def mounted_file(workload: dict[str, Any], path: str) -> tuple[dict[str, Any], str]:
-    """The volume behind a file path in the main container, and the file's key in it."""
-    volumes = {v["name"]: v for v in pod_spec(workload)["volumes"]}
-    for mount in main_container(workload)["volumeMounts"]:
-        prefix = mount["mountPath"].rstrip("/") + "/"
-        if path.startswith(prefix):
-            return volumes[mount["name"]], path[len(prefix) :]
-    raise AssertionError(f"{path} is not mounted")
 
 
 @pytest.mark.parametrize("scenario", SCENARIOS)

@@ -53,9 +53,24 @@ def test_every_value_has_a_row() -> None:
                                 "benchAgent.")
         for name in ("resources", "nodeSelector", "affinity", "podAnnotations")
     } | {"podSecurityContext.", "securityContext.", "grafana.datasource.labels.",
-         "grafana.dashboards.labels.", "nats.resources.", "clickhouse.resources."}
+         "grafana.dashboards.labels.", "nats.resources.", "clickhouse.resources."} | {
+        f"{key}." for key in MODEL_KEYS}  # a service's file: its model documents the fields
     missing = [k for k in leaves(values, "") if k not in keys]
     assert not missing, missing
+
+
+# Values whose schema is a service's configuration model (cli/chart_schema.py).
+MODEL_KEYS = ("scheduler.config", "failover.rules", "lensCollector.alertRules", "bench.config")
+
+
+def test_a_model_backed_value_is_one_row() -> None:
+    schema, values = load()
+    rows = {row[0]: row for row in values_reference.rows(schema, values)}
+    for key in MODEL_KEYS:
+        assert key in rows
+        assert not [k for k in rows if k.startswith(f"{key}.")], key
+    assert rows["bench.config"][2] == "see values.yaml"  # the default probes
+    assert rows["scheduler.config"][2] == "`{}`"
 
 
 def test_a_property_without_description_is_named() -> None:
