@@ -53,6 +53,7 @@ def describe(doc: dict[str, Any]) -> str:
              f"priority {spec.priority}, {spec.workers} worker(s) x "
              f"{spec.gpus_per_worker} GPU(s); attempt {r.attempt}, "
              f"{r.retries} of {spec.max_retry} retries used"]
+    lines += [f"note: {note}" for note in r.notes]
     if r.holds_gpus:
         where = ", ".join(f"rank {s.rank} on {s.node}" for s in r.slots)
         lines.append(f"runs on: {where}")

@@ -32,6 +32,15 @@ from pydantic import (
 )
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
+from libs.workload import (
+    Resources,
+    SecretRef,
+    Toleration,
+    Volume,
+    check_names,
+    check_node_selector,
+)
+
 # Node names and job ids become NATS subject tokens, so they may not contain
 # dots, wildcards or whitespace.
 KEY_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_-]{0,62}$"
@@ -401,6 +410,57 @@ class JobSpec(Frozen):
     ttl_after_finished_s: float | None = Field(
         default=None, ge=0, description="forgotten by the scheduler this long after it "
         "completes, fails or is cancelled (its history stays in Lens)")
+    # Where and with what the workers run (Kubernetes; see libs/workload.py).
+    # Unset fields take the workspace's defaults when the scheduler accepts the job.
+    image: str | None = Field(default=None, description="the workers' container image "
+                              "(default: the workspace's)")
+    resources: Resources = Field(default_factory=Resources,
+                                 description="per worker, besides its GPUs")
+    host_network: bool | None = Field(default=None, description="workers use the node's "
+                                      "network (when the workspace allows it)")
+    volumes: list[Volume] = Field(default_factory=list)
+    secrets: list[SecretRef] = Field(default_factory=list)
+    node_selector: dict[str, str] = Field(default_factory=dict,
+                                          description="node labels the workers' nodes must have")
+    tolerations: list[Toleration] = Field(default_factory=list)
+    image_pull_secrets: list[str] = Field(default_factory=list)
+    checkpoint_pvc: str | None = Field(
+        default=None, description="a ReadWriteMany claim every attempt mounts for checkpoints "
+        "(default: the workspace's)")
+
+    @field_validator("image")
+    @classmethod
+    def _image(cls, value: str | None) -> str | None:
+        if value is not None and (not value.strip() or any(c.isspace() for c in value)):
+            raise ValueError(f"image {value[:80]!r} is not an image reference "
+                             "(e.g. rocm/pytorch:rocm6.4_ubuntu24.04_py3.12_pytorch_2.6.0)")
+        return value
+
+    @field_validator("node_selector")
+    @classmethod
+    def _selector(cls, value: dict[str, str]) -> dict[str, str]:
+        return check_node_selector(value)
+
+    @field_validator("image_pull_secrets")
+    @classmethod
+    def _pull(cls, value: list[str]) -> list[str]:
+        return check_names(value, "image pull secret")
+
+    @field_validator("checkpoint_pvc")
+    @classmethod
+    def _ckpt(cls, value: str | None) -> str | None:
+        return None if value is None else check_names([value], "checkpoint_pvc")[0]
+
+    @model_validator(mode="after")
+    def _mounts_unique(self) -> JobSpec:
+        names = [v.name for v in self.volumes]
+        paths = [v.mount_path for v in self.volumes] + [
+            s.mount_path for s in self.secrets if s.mount_path]
+        for what, seen in (("volume name", names), ("mount_path", paths)):
+            twice = sorted({x for x in seen if seen.count(x) > 1})
+            if twice:
+                raise ValueError(f"{what} used twice: {', '.join(twice)}")
+        return self
 
     @field_validator("name")
     @classmethod
@@ -474,6 +534,8 @@ class WorkerSlot(Frozen):
     rank: int = Field(ge=0)
     node: str
     gpus: int = Field(ge=0)
+    gpu_model: str = Field(default="", description="the node's GPU model (which device "
+                           "plugin resource the worker asks for)")
 
 
 class JobPlacedData(Frozen):

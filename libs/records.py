@@ -133,6 +133,10 @@ class JobRecord(Record):
     finished_at: float | None = Field(default=None, description="when it reached a final state")
     reason: str = ""
     code: str = ""
+    blocked: str = Field(default="", description="why the last launch was refused before "
+                         "anything was created (a missing Secret or claim); tried again later")
+    notes: list[str] = Field(default_factory=list, description="said once at submit: what the "
+                             "driver does not honour of the spec")
     position: int = 0
     leader_term: int = Field(default=0, description="the scheduler term that wrote it")
     updated_at: float = 0.0

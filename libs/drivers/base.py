@@ -17,6 +17,12 @@ from libs.routes import Endpoint, Reply, query
 EventSink = Callable[[Event], Awaitable[None]]
 
 
+class LaunchRefused(Exception):
+    """The cluster cannot start the gang yet and nothing was created (a
+    Secret or claim the job names does not exist): the job waits, no retry
+    spent, and is tried again later. ``str()`` says what is missing."""
+
+
 class NodeWorkersRequest(BaseModel):
     node: str
 
@@ -42,6 +48,10 @@ class ClusterDriver(Protocol):
     async def launch(self, job: str, attempt: int, spec: JobSpec, slots: list[WorkerSlot]) -> None:
         """Start every worker of the gang that is not started yet (idempotent
         per attempt and rank); report each start and exit to the sink."""
+
+    def ignored(self, spec: JobSpec) -> list[str]:
+        """The fields of ``spec`` this driver cannot honour (the scheduler
+        says so once, in ``explain``)."""
 
     async def stop(self, job: str, *, grace_s: float = 10.0) -> None:
         """Stop every worker of the job: SIGTERM, then SIGKILL after the grace period."""

@@ -54,11 +54,17 @@ class KubernetesDriverConfig(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     namespace: str = Field(default="default", pattern=r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
-    image: str = Field(min_length=1, description="the training image")
-    gpu_resource: str = Field(default="amd.com/gpu", description="e.g. nvidia.com/gpu")
+    image: str = Field(min_length=1, description="the training image when neither the job "
+                       "nor its workspace names one")
+    gpu_resource: str = Field(default="amd.com/gpu", description="the device resource of a "
+                              "node whose GPU model says nothing (e.g. nvidia.com/gpu)")
     checkpoint_pvc: str | None = Field(
-        default=None, description="PVC shared by all workers; without it checkpoints live "
-        "in the pod and do not survive re-placement")
+        default=None, description="ReadWriteMany claim for checkpoints when neither the job "
+        "nor its workspace names one; without any, checkpoints live in the pod and do not "
+        "survive re-placement")
+    termination_grace_s: int = Field(
+        default=30, ge=0, description="terminationGracePeriodSeconds: how long a worker the "
+        "cluster evicts or drains has to checkpoint after SIGTERM (the SDK saves on SIGTERM)")
     checkpoint_mount_path: str = "/checkpoints"
     service_account: str | None = None
     master_port: int = Field(default=29500, ge=1, le=65535)
@@ -107,6 +113,42 @@ def service_name(job: str, attempt: int) -> str:
     return prefix + dns_label(job, max_len=_DNS_LABEL_MAX - len(prefix) - len(suffix)) + suffix
 
 
+def gpu_resource(model: str, default: str) -> str:
+    """The device plugin resource of a GPU model: ``amd.com/gpu`` for AMD
+    Instinct/Radeon, ``nvidia.com/gpu`` for NVIDIA; ``default`` when the
+    model says neither. Pure."""
+    name = model.strip().lower()
+    if name.startswith(("mi", "amd", "instinct", "radeon")):
+        return "amd.com/gpu"
+    if name.startswith(("nvidia", "tesla", "geforce", "rtx", "quadro")) or re.match(
+            r"^(gb|gh|[abhlvt])\d", name):
+        return "nvidia.com/gpu"
+    return default
+
+
+def rendezvous_port(job: str, attempt: int, spec: JobSpec,
+                    config: KubernetesDriverConfig) -> int:
+    """Rank 0's port. Pods with their own network all use ``master_port``;
+    on the node's network (``host_network``) two jobs' rank 0 may share a
+    node, so the port is spread over the 1000 above it by the job's id. Pure."""
+    if not spec.host_network:
+        return config.master_port
+    digest = int(hashlib.sha256(f"{job}/{attempt}".encode()).hexdigest()[:8], 16)
+    return min(65535, config.master_port + 1 + digest % 999)
+
+
+def checkpoint_claim(spec: JobSpec, config: KubernetesDriverConfig) -> str | None:
+    """The shared checkpoint volume of the job: its own, else its workspace's
+    (resolved into the spec), else the driver's."""
+    return spec.checkpoint_pvc or config.checkpoint_pvc
+
+
+def checkpoint_subpath(job: str) -> str:
+    """Every attempt of a job mounts this directory of the claim (and sees
+    no other job's): re-placed after a failure, it resumes from it."""
+    return f"jobs/{job}"
+
+
 def master_addr(job: str, attempt: int, config: KubernetesDriverConfig) -> str:
     """Rank 0's stable DNS name through the headless service."""
     return (f"{pod_name(job, attempt, 0)}.{service_name(job, attempt)}."
@@ -132,7 +174,8 @@ def job_selector(job: str) -> str:
 # --------------------------------------------------------------------------- manifests
 
 
-def service_manifest(job: str, attempt: int, config: KubernetesDriverConfig) -> dict[str, Any]:
+def service_manifest(job: str, attempt: int, config: KubernetesDriverConfig,
+                     port: int | None = None) -> dict[str, Any]:
     """Headless service giving every pod of the attempt a DNS name. Pure."""
     return {
         "apiVersion": "v1",
@@ -148,8 +191,8 @@ def service_manifest(job: str, attempt: int, config: KubernetesDriverConfig) -> 
             "selector": job_labels(job, attempt),
             # Rendezvous happens before any worker is "ready".
             "publishNotReadyAddresses": True,
-            "ports": [{"name": "rendezvous", "port": config.master_port,
-                       "targetPort": config.master_port, "protocol": "TCP"}],
+            "ports": [{"name": "rendezvous", "port": port or config.master_port,
+                       "targetPort": port or config.master_port, "protocol": "TCP"}],
         },
     }
 
@@ -158,63 +201,145 @@ def worker_env(job: str, attempt: int, spec: JobSpec, slot: WorkerSlot, *, world
                config: KubernetesDriverConfig, nats_url: str) -> list[dict[str, Any]]:
     """torchrun variables plus the PRIMUS_* ones the SDK reads. Pure.
 
-    One worker per node: RANK/WORLD_SIZE count workers (as the LocalDriver
-    does) and NODE_RANK/NNODES say the same for a torchrun started inside the
-    pod over its GPUs. The job's own env comes first; the platform's wins.
+    One worker (pod) per node: RANK/WORLD_SIZE count workers (as the
+    LocalDriver does); NODE_RANK/NNODES/LOCAL_WORLD_SIZE say the same for a
+    torchrun started inside the pod over its GPUs, and torchrun reads its
+    own arguments from the PET_* variables, so an unmodified
+    ``torchrun train.py`` joins the gang. The job's own env (with its
+    workspace's network settings) comes first; the platform's wins; secrets
+    come last, from their Secrets.
     """
+    port = rendezvous_port(job, attempt, spec, config)
+    addr = master_addr(job, attempt, config)
+    claim = checkpoint_claim(spec, config)
+    checkpoint_dir = config.checkpoint_mount_path if claim else \
+        f"{config.checkpoint_mount_path.rstrip('/')}/{job}"
+    local = max(1, slot.gpus)
     values = dict(spec.env)
     values.update(WorkerEnv(
-        master_addr=master_addr(job, attempt, config), master_port=config.master_port,
-        world_size=world, rank=slot.rank, local_rank=0, nnodes=world, node_rank=slot.rank,
-        job=job, attempt=attempt, node=slot.node, nats_url=nats_url,
-        checkpoint_dir=f"{config.checkpoint_mount_path.rstrip('/')}/{job}",  # type: ignore[arg-type]
+        master_addr=addr, master_port=port, world_size=world, rank=slot.rank, local_rank=0,
+        nnodes=world, node_rank=slot.rank, job=job, attempt=attempt, node=slot.node,
+        nats_url=nats_url, checkpoint_dir=checkpoint_dir,  # type: ignore[arg-type]
         checkpoint_interval=spec.checkpoint_interval, device_slots=slot.gpus,
     ).public_env())
+    values.update({
+        "LOCAL_WORLD_SIZE": str(local),
+        "PET_NNODES": str(world), "PET_NODE_RANK": str(slot.rank),
+        "PET_NPROC_PER_NODE": str(local), "PET_MASTER_ADDR": addr,
+        "PET_MASTER_PORT": str(port),
+    })
     env: list[dict[str, Any]] = [{"name": k, "value": v} for k, v in values.items()]
     if config.nats_token_secret:
         env.append({"name": "PRIMUS_NATS_TOKEN", "valueFrom": {"secretKeyRef": {
             "name": config.nats_token_secret, "key": NATS_TOKEN_KEY}}})
+    for ref in spec.secrets:
+        env += [{"name": var, "valueFrom": {"secretKeyRef": {"name": ref.name, "key": key}}}
+                for var, key in ref.env.items()]
     return env
+
+
+def _resources(spec: JobSpec, slot: WorkerSlot,
+               config: KubernetesDriverConfig) -> dict[str, dict[str, str]]:
+    """Requests equal limits (extended resources require it; with cpu and
+    memory set the pod is Guaranteed)."""
+    res = spec.resources
+    amount: dict[str, str] = {}
+    for field, name in (("cpu", "cpu"), ("memory", "memory"),
+                        ("ephemeral_storage", "ephemeral-storage")):
+        if getattr(res, field):
+            amount[name] = getattr(res, field)
+    if slot.gpus:
+        amount[gpu_resource(slot.gpu_model, config.gpu_resource)] = str(slot.gpus)
+    amount.update({name: str(n) for name, n in sorted(res.extra.items())})
+    return {"requests": dict(amount), "limits": dict(amount)} if amount else {}
+
+
+def _volumes(job: str, spec: JobSpec,
+             config: KubernetesDriverConfig) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The pod's volumes and the container's mounts: checkpoints, /dev/shm,
+    the job's volumes, its secrets as files."""
+    claim = checkpoint_claim(spec, config)
+    shm: dict[str, Any] = {"medium": "Memory"}
+    if spec.resources.shared_memory:
+        shm["sizeLimit"] = spec.resources.shared_memory
+    volumes: list[dict[str, Any]] = [
+        {"name": "checkpoints", "persistentVolumeClaim": {"claimName": claim}} if claim
+        else {"name": "checkpoints", "emptyDir": {}},
+        # Collective libraries (RCCL/NCCL, DataLoader workers) need more
+        # shared memory than the runtime's 64 MiB default.
+        {"name": "dshm", "emptyDir": shm},
+    ]
+    checkpoint_mount: dict[str, Any] = {"name": "checkpoints",
+                                        "mountPath": config.checkpoint_mount_path}
+    if claim:
+        checkpoint_mount["subPath"] = checkpoint_subpath(job)
+    mounts: list[dict[str, Any]] = [checkpoint_mount, {"name": "dshm", "mountPath": "/dev/shm"}]
+    for v in spec.volumes:
+        source: dict[str, Any] = (
+            {"persistentVolumeClaim": {"claimName": v.pvc, "readOnly": v.read_only}} if v.pvc
+            else {"hostPath": {"path": v.host_path, "type": "Directory"}})
+        volumes.append({"name": v.name, **source})
+        mounts.append({"name": v.name, "mountPath": v.mount_path, "readOnly": v.read_only})
+    for i, ref in enumerate(spec.secrets):
+        if ref.mount_path:
+            name = f"ps-secret-{i}"
+            volumes.append({"name": name, "secret": {"secretName": ref.name,
+                                                     "defaultMode": 0o400}})
+            mounts.append({"name": name, "mountPath": ref.mount_path, "readOnly": True})
+    return volumes, mounts
 
 
 def pod_manifest(job: str, attempt: int, spec: JobSpec, slot: WorkerSlot, *, world: int,
                  config: KubernetesDriverConfig, nats_url: str) -> dict[str, Any]:
     """One worker pod, bound to ``slot.node``. Pure."""
     name = pod_name(job, attempt, slot.rank)
+    port = rendezvous_port(job, attempt, spec, config)
+    volumes, mounts = _volumes(job, spec, config)
+    container_port: dict[str, Any] = {"name": "rendezvous", "containerPort": port,
+                                      "protocol": "TCP"}
+    if spec.host_network:
+        container_port["hostPort"] = port
     container: dict[str, Any] = {
         "name": CONTAINER,
-        "image": config.image,
+        "image": spec.image or config.image,
         "command": list(spec.command),
         "env": worker_env(job, attempt, spec, slot, world=world, config=config,
                           nats_url=nats_url),
-        "ports": [{"name": "rendezvous", "containerPort": config.master_port,
-                   "protocol": "TCP"}],
-        "volumeMounts": [
-            {"name": "checkpoints", "mountPath": config.checkpoint_mount_path},
-            {"name": "dshm", "mountPath": "/dev/shm"},
-        ],
+        "ports": [container_port],
+        "volumeMounts": mounts,
     }
     if spec.workdir:
         container["workingDir"] = spec.workdir
-    if slot.gpus:
-        # Extended resources: requests must equal limits.
-        amount = {config.gpu_resource: str(slot.gpus)}
-        container["resources"] = {"requests": dict(amount), "limits": dict(amount)}
-    checkpoints: dict[str, Any] = (
-        {"name": "checkpoints", "persistentVolumeClaim": {"claimName": config.checkpoint_pvc}}
-        if config.checkpoint_pvc else {"name": "checkpoints", "emptyDir": {}})
+    resources = _resources(spec, slot, config)
+    if resources:
+        container["resources"] = resources
     pod_spec: dict[str, Any] = {
         "nodeName": slot.node,
         "hostname": name,
         "subdomain": service_name(job, attempt),
+        # The platform re-places a failed gang as a new attempt; the kubelet
+        # restarting one rank in place would rejoin nothing.
         "restartPolicy": "Never",
+        # SIGTERM, then this long to checkpoint (the SDK saves on SIGTERM)
+        # when the cluster evicts or drains the pod; the platform's own stops
+        # pass their grace with the delete.
+        "terminationGracePeriodSeconds": config.termination_grace_s,
         # Thousands of services would otherwise become env variables.
         "enableServiceLinks": False,
         "containers": [container],
-        # Collective libraries (RCCL/NCCL, DataLoader workers) need more
-        # shared memory than the runtime's 64 MiB default.
-        "volumes": [checkpoints, {"name": "dshm", "emptyDir": {"medium": "Memory"}}],
+        "volumes": volumes,
     }
+    if spec.host_network:
+        # The node's network (RDMA/RoCE devices, no overlay); cluster DNS
+        # still resolves MASTER_ADDR.
+        pod_spec["hostNetwork"] = True
+        pod_spec["dnsPolicy"] = "ClusterFirstWithHostNet"
+    if spec.node_selector:
+        pod_spec["nodeSelector"] = dict(spec.node_selector)
+    if spec.tolerations:
+        pod_spec["tolerations"] = [t.manifest() for t in spec.tolerations]
+    if spec.image_pull_secrets:
+        pod_spec["imagePullSecrets"] = [{"name": n} for n in spec.image_pull_secrets]
     priority = priority_class(spec, config)
     if priority:
         pod_spec["priorityClassName"] = priority
@@ -242,7 +367,59 @@ def gang_manifests(job: str, attempt: int, spec: JobSpec, slots: list[WorkerSlot
     ordered = sorted(slots, key=lambda s: s.rank)
     pods = [pod_manifest(job, attempt, spec, slot, world=len(ordered), config=config,
                          nats_url=nats_url) for slot in ordered]
-    return service_manifest(job, attempt, config), pods
+    port = rendezvous_port(job, attempt, spec, config)
+    return service_manifest(job, attempt, config, port), pods
+
+
+# --------------------------------------------------------------------------- prerequisites
+
+
+@dataclass(frozen=True)
+class Needed:
+    """An object the pods name that must exist before they are created."""
+
+    kind: str  # "secret" | "pvc"
+    name: str
+    field: str  # where the job (or configuration) names it
+    keys: tuple[str, ...] = ()  # secret keys read as env variables
+    shared: bool = False  # mounted by workers on several nodes: must be ReadWriteMany
+
+
+def prerequisites(spec: JobSpec, slots: list[WorkerSlot],
+                  config: KubernetesDriverConfig) -> list[Needed]:
+    """Every Secret and claim the gang's pods name. Pure."""
+    several = len({s.node for s in slots}) > 1
+    out: list[Needed] = []
+    for i, ref in enumerate(spec.secrets):
+        out.append(Needed("secret", ref.name, f"secrets[{i}]", tuple(ref.env.values())))
+    out += [Needed("secret", n, f"image_pull_secrets[{i}]")
+            for i, n in enumerate(spec.image_pull_secrets)]
+    out += [Needed("pvc", v.pvc, f"volumes[{i}] ({v.name})")
+            for i, v in enumerate(spec.volumes) if v.pvc]
+    claim = checkpoint_claim(spec, config)
+    if claim:
+        out.append(Needed("pvc", claim, "checkpoint_pvc", shared=several))
+    return out
+
+
+def missing(need: Needed, obj: Mapping[str, Any] | None, namespace: str) -> str | None:
+    """Why ``obj`` (as the API returned it; None: not found) does not do
+    for ``need``; None when it does. Pure."""
+    what = {"secret": "Secret", "pvc": "PersistentVolumeClaim"}[need.kind]
+    if obj is None:
+        return f"{what} {need.name} not found in namespace {namespace} ({need.field} of the job)"
+    if need.kind == "secret":
+        have = set((obj.get("data") or {}) | (obj.get("stringData") or {}))
+        lacking = [k for k in need.keys if k not in have]
+        if lacking:
+            return (f"Secret {need.name} has no key {', '.join(lacking)} ({need.field} of the "
+                    f"job); it has: {', '.join(sorted(have)) or 'none'}")
+    if need.kind == "pvc" and need.shared:
+        modes = (obj.get("spec") or {}).get("accessModes") or []
+        if "ReadWriteMany" not in modes:
+            return (f"checkpoint claim {need.name} is {'/'.join(modes) or 'without access mode'}"
+                    f": workers on several nodes cannot all mount it; use a ReadWriteMany claim")
+    return None
 
 
 # --------------------------------------------------------------------------- status

@@ -41,16 +41,20 @@ from kubernetes.client.exceptions import ApiException
 from kubernetes.config.config_exception import ConfigException
 from kubernetes.watch.watch import iter_resp_lines
 
-from libs.drivers.base import EventSink, NodeWorkers
+from libs.drivers.base import EventSink, LaunchRefused, NodeWorkers
 from libs.drivers.k8s_manifests import (
     KILLED_EXIT_CODE,
     WATCH_SELECTOR,
     KubernetesDriverConfig,
+    Needed,
     WorkerPod,
     gang_manifests,
     job_selector,
+    missing,
     pod_name,
+    prerequisites,
     read_worker_pod,
+    service_name,
 )
 from libs.events import (
     Event,
@@ -138,6 +142,14 @@ class KubernetesDriver:
         await self.start()
         service, pods = gang_manifests(job, attempt, spec, slots, config=self.config,
                                        nats_url=self.nats_url)
+        if await asyncio.to_thread(self._read, "service", service_name(job, attempt)):
+            await self._report_lost(job, attempt, slots)
+            return
+        # Everything the pods name must exist before anything is created:
+        # a missing Secret or claim keeps the job pending, nothing half made.
+        problems = await self._unmet(spec, slots)
+        if problems:
+            raise LaunchRefused("; ".join(problems))
         try:
             if not await asyncio.to_thread(self._create, "service", service):
                 await self._report_lost(job, attempt, slots)
@@ -153,6 +165,9 @@ class KubernetesDriver:
         self._log.info("gang created", job=job, attempt=attempt,
                        service=service["metadata"]["name"],
                        pods=[p["metadata"]["name"] for p in pods])
+
+    def ignored(self, spec: JobSpec) -> list[str]:
+        return []  # pods honour every workload field
 
     async def stop(self, job: str, *, grace_s: float = 10.0) -> None:
         """Delete every pod of the job (all attempts) with ``grace_s`` as the grace
@@ -175,6 +190,29 @@ class KubernetesDriver:
         if pods["items"]:
             self._log.warning("pods still terminating after stop", job=job,
                               pods=[p["metadata"]["name"] for p in pods["items"]])
+
+    async def _unmet(self, spec: JobSpec, slots: list[WorkerSlot]) -> list[str]:
+        """What keeps the gang from starting: Secrets and claims the pods
+        name that are missing (or lack a key, or a checkpoint claim that
+        several nodes cannot share), and nodes without the labels of the
+        job's node_selector (the kubelet would reject those pods)."""
+        needs = prerequisites(spec, slots, self.config)
+        kinds = {"secret": "secret", "pvc": "persistentvolumeclaim"}
+
+        async def check(need: Needed) -> str | None:
+            obj = await asyncio.to_thread(self._read, kinds[need.kind], need.name)
+            return missing(need, obj, self.config.namespace)
+
+        problems = [p for p in await asyncio.gather(*(check(n) for n in needs)) if p]
+        if spec.node_selector:
+            for node in sorted({s.node for s in slots}):
+                labels = ((await asyncio.to_thread(self._read, "node", node) or {})
+                          .get("metadata", {}).get("labels") or {})
+                wrong = [f"{k}={v}" for k, v in spec.node_selector.items() if labels.get(k) != v]
+                if wrong:
+                    problems.append(f"node {node} lacks the node_selector label(s) "
+                                    f"{', '.join(wrong)}")
+        return problems
 
     async def _report_lost(self, job: str, attempt: int, slots: list[WorkerSlot]) -> None:
         listing = await asyncio.to_thread(self._list, "pod", job_selector(job))
@@ -247,6 +285,25 @@ class KubernetesDriver:
             self._log.info("already exists", kind=kind, name=name)
             return False
         return True
+
+    def _read(self, kind: str, name: str) -> dict[str, Any] | None:
+        """The object as the API returns it; None when it does not exist."""
+        ns = self.config.namespace
+        readers: dict[str, Callable[..., Any]] = {
+            "service": lambda: self._core.read_namespaced_service(
+                name, ns, _preload_content=False),
+            "secret": lambda: self._core.read_namespaced_secret(
+                name, ns, _preload_content=False),
+            "persistentvolumeclaim": lambda: self._core.read_namespaced_persistent_volume_claim(
+                name, ns, _preload_content=False),
+            "node": lambda: self._core.read_node(name, _preload_content=False),
+        }
+        try:
+            return json.loads(readers[kind]().data)
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
 
     def _delete(self, kind: str, name: str, grace: int | None) -> None:
         ns = self.config.namespace

@@ -17,13 +17,71 @@ from pydantic import Field, model_validator
 
 from libs.events import Frozen
 from libs.specs import load_model
+from libs.workload import Network, Resources, Toleration, check_names, check_node_selector, quantity
 from services.scheduler.lifecycle import Limits
 from services.scheduler.policy import SchedulerConfig, Workspace
 from services.scheduler.policy.model import DEFAULT_PRIORITIES
 
 
+class WorkloadDefaults(Frozen):
+    """What a job gets for each workload field it leaves unset (the
+    cluster's, then its workspace's; the job's own value wins). ``env`` and
+    ``network`` are merged key by key, node selectors and tolerations and
+    pull secrets are added together."""
+
+    image: str | None = Field(default=None, description="the default training image")
+    resources: Resources = Field(default_factory=Resources)
+    host_network: bool | None = None
+    node_selector: dict[str, str] = Field(default_factory=dict)
+    tolerations: list[Toleration] = Field(default_factory=list)
+    image_pull_secrets: list[str] = Field(default_factory=list)
+    network: Network = Field(default_factory=Network, description="NCCL/RCCL fabric settings")
+    env: dict[str, str] = Field(default_factory=dict)
+    checkpoint_pvc: str | None = Field(
+        default=None, description="a ReadWriteMany claim every attempt of a job mounts for its "
+        "checkpoints; without one a job re-placed by failover starts from scratch")
+
+    @model_validator(mode="after")
+    def _names(self) -> WorkloadDefaults:
+        check_node_selector(self.node_selector)
+        check_names(self.image_pull_secrets, "image pull secret")
+        if self.checkpoint_pvc:
+            check_names([self.checkpoint_pvc], "checkpoint_pvc")
+        return self
+
+
+class WorkloadLimits(Frozen):
+    """The most a job of the workspace may ask for, per worker; a job above a
+    limit is refused at submit with the limit named."""
+
+    cpu: str | None = None
+    memory: str | None = None
+    shared_memory: str | None = None
+    ephemeral_storage: str | None = None
+    extra: dict[str, int] | None = Field(
+        default=None, description="extended resources allowed and the most per worker; unset: "
+        "any, {}: none")
+    host_network: bool = Field(default=False, description="may workers use the node's network")
+    host_paths: list[str] = Field(
+        default_factory=list, description="node directories (and below) a volume may mount; "
+        "empty: no hostPath volumes")
+
+    @model_validator(mode="after")
+    def _check(self) -> WorkloadLimits:
+        for name in ("cpu", "memory", "shared_memory", "ephemeral_storage"):
+            value = getattr(self, name)
+            if value is not None:
+                quantity(value)
+        bad = [p for p in self.host_paths if not p.startswith("/")]
+        if bad:
+            raise ValueError(f"host_paths must be absolute: {', '.join(bad)}")
+        return self
+
+
 class WorkspaceConfig(Frozen):
     name: str
+    workload: WorkloadDefaults = Field(default_factory=WorkloadDefaults)
+    limits: WorkloadLimits = Field(default_factory=WorkloadLimits)
     quota_gpus: int | None = Field(default=None, ge=0, description="GPUs in use at most")
     quota_by_model: dict[str, int] = Field(default_factory=dict)
     node_pools: list[str] = Field(default_factory=list, description="empty: every pool")
@@ -62,6 +120,9 @@ class SchedulerFile(Frozen):
     degraded_nodes: Literal["last", "never"] = Field(
         default="last", description="nodes whose bench was degraded (below their fleet): "
         "last: used only when healthy nodes cannot hold a gang; never: not used")
+    workload: WorkloadDefaults = Field(
+        default_factory=WorkloadDefaults, description="every workspace's defaults (a "
+        "workspace's own win)")
     workspaces: list[WorkspaceConfig] = Field(
         default_factory=lambda: [WorkspaceConfig(name="default")], min_length=1)
     pools: list[PoolConfig] = Field(default_factory=list,

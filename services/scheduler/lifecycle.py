@@ -52,6 +52,7 @@ class Limits:
     stop_timeout_extra_s: float = 60.0  # past the grace, a stop is taken as done
     backoff_base_s: float = 5.0
     backoff_cap_s: float = 300.0
+    launch_retry_s: float = 30.0  # a launch refused for a missing Secret/claim waits this long
 
     def backoff_s(self, retries: int) -> float:
         """Wait before retry ``retries``: 5 s, 10 s, 20 s … capped at 5 min.
@@ -70,6 +71,14 @@ class Placed:
 @dataclass(frozen=True)
 class LaunchFailed:
     error: str
+
+
+@dataclass(frozen=True)
+class LaunchBlocked:
+    """The cluster refused the launch before creating anything (a Secret or
+    claim the job names is missing): not the job's failure."""
+
+    reason: str
 
 
 @dataclass(frozen=True)
@@ -136,8 +145,8 @@ class Expired:
     ttl_s: float
 
 
-Fact = (Placed | LaunchFailed | Exited | NodeLost | Drain | Recover | Preempt | Refuse
-        | Command | StopTimedOut | Deadline | Expired)
+Fact = (Placed | LaunchFailed | LaunchBlocked | Exited | NodeLost | Drain | Recover | Preempt
+        | Refuse | Command | StopTimedOut | Deadline | Expired)
 
 # ------------------------------------------------------------------ effects
 
@@ -284,6 +293,16 @@ def apply(job: JobRecord, fact: Fact, now: float, limits: Limits) -> Step:
             return _placed(draft, fact, now)
         case LaunchFailed():
             return _launch_failed(draft, fact, now, limits)
+        case LaunchBlocked():
+            if draft.job.status != "running":
+                return Step(job)
+            # Nothing was created: back to the queue with no retry spent,
+            # tried again after a pause (what is missing may be created).
+            draft.job.blocked = fact.reason
+            draft.job.not_before = now + limits.launch_retry_s
+            _stop(draft, "requeue", f"cannot launch: {fact.reason}", now, grace_s=0.0,
+                  at_once=True)
+            return draft.done()
         case Exited():
             return _exited(draft, fact, now, limits)
         case NodeLost():
@@ -336,7 +355,7 @@ def _placed(draft: _Draft, fact: Placed, now: float) -> Step:
     job.slots = list(fact.slots)
     job.recovering = job.preempted = False
     job.exclude_nodes, job.prefer_nodes = [], []
-    job.reason = job.code = ""
+    job.reason = job.code = job.blocked = ""
     draft.effects += [Save(), Announce("placed"), Launch()]
     return draft.done()
 

@@ -26,6 +26,8 @@ class AdmissionReply(Reply):
     verdict: Literal["ok", "refused", "unschedulable"]
     reason: str = ""
     field: str | None = None  # the job file's field that makes it unrunnable
+    warnings: list[str] = []  # accepted, but the submitter should know (no shared checkpoints)
+    driver: str = ""  # where workers run: "kubernetes" paths in the job file are the image's
 
 
 ADMISSION = Endpoint(query("scheduler.admission"), AdmissionRequest, AdmissionReply,

@@ -11,6 +11,7 @@ unknown workspace) are answered here with their own reason.
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from libs.events import WorkerSlot
@@ -47,9 +48,13 @@ def policy_slots(slots: list[WorkerSlot]) -> tuple[policy.Slot, ...]:
     return tuple((s.node, s.gpus) for s in sorted(slots, key=lambda s: s.rank))
 
 
-def worker_slots(slots: tuple[policy.Slot, ...]) -> list[WorkerSlot]:
-    """A placement's slots as the contract's: rank i is the i-th slot."""
-    return [WorkerSlot(rank=i, node=node, gpus=gpus) for i, (node, gpus) in enumerate(slots)]
+def worker_slots(slots: tuple[policy.Slot, ...],
+                 models: Mapping[str, str] | None = None) -> list[WorkerSlot]:
+    """A placement's slots as the contract's: rank i is the i-th slot;
+    ``models``: node -> GPU model (which device resource a pod asks for)."""
+    models = models or {}
+    return [WorkerSlot(rank=i, node=node, gpus=gpus, gpu_model=models.get(node, ""))
+            for i, (node, gpus) in enumerate(slots)]
 
 
 def policy_nodes(state: SchedulerState, degraded_nodes: str = "last") -> list[policy.Node]:
@@ -85,6 +90,11 @@ def snapshot(state: SchedulerState, workspaces: list[policy.Workspace], now: flo
                 held[job.id] = policy.Pending(
                     1, f"workspace {job.spec.workspace!r} is not configured; known: "
                        f"{', '.join(sorted(known))}", "invalid")
+            elif job.not_before > now and job.blocked:
+                at = time.strftime("%H:%M:%S", time.gmtime(job.not_before))
+                held[job.id] = policy.Pending(
+                    1, f"cannot launch: {job.blocked}; tried again at {at} UTC",
+                    "launch-blocked")
             elif job.not_before > now:
                 # Fixed for the whole wait: a pending reason is published on change.
                 at = time.strftime("%H:%M:%S", time.gmtime(job.not_before))

@@ -15,6 +15,7 @@ import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from libs.drivers.base import LaunchRefused
 from libs.drivers.k8s_manifests import (
     KILLED_EXIT_CODE,
     WATCH_SELECTOR,
@@ -76,6 +77,10 @@ def summary(events: list[Event]) -> list[tuple[Any, ...]]:
 @pytest.fixture
 def api() -> Iterator[FakeKubeApi]:
     server = FakeKubeApi().start()
+    # The checkpoint claim the driver's config names, shareable across nodes.
+    server.pvcs["ckpt"] = {"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+                           "metadata": {"name": "ckpt", "namespace": NS},
+                           "spec": {"accessModes": ["ReadWriteMany"]}}
     try:
         yield server
     finally:
@@ -159,7 +164,8 @@ async def test_launch_sends_service_then_pods_and_reports_each_event_once(
     ]
     assert all(e.source == "scheduler/k8s-driver" for e in events)
 
-    lists, watches = api.requests(method="GET", watch=False), api.requests(watch=True)
+    lists = [c for c in api.requests(method="GET", watch=False) if c.path == PODS]
+    watches = api.requests(watch=True)
     assert [c.query["labelSelector"] for c in lists + watches] == [WATCH_SELECTOR] * 4
     assert [w.query["resourceVersion"] for w in watches] == [c.version for c in lists]
     assert lists[0].version != lists[1].version
@@ -196,7 +202,7 @@ async def test_launch_is_idempotent_for_the_same_attempt(
         api: FakeKubeApi, driver: KubernetesDriver, events: list[Event]) -> None:
     await driver.launch(JOB, 2, SPEC, SLOTS)
     await driver.launch(JOB, 2, SPEC, SLOTS)  # a new leader: the service is there
-    assert sorted(c.status for c in api.requests(method="POST")) == [201] * 3 + [409]
+    assert sorted(c.status for c in api.requests(method="POST")) == [201] * 3  # none again
     assert len(api.pods) == 2 and len(api.services) == 1
     assert not [e for e in events if isinstance(e, WorkerExited)]
 
@@ -326,3 +332,80 @@ async def test_a_lost_pod_is_reported_even_when_the_bus_refuses_it_at_first(
     finally:
         await drv.close()
         api_client.close()
+
+
+# --------------------------------------------------------------------------- workload
+
+
+WORKLOAD = JobSpec.model_validate({  # validated like a job file
+    **SPEC.model_dump(), "secrets": [{"name": "hf", "env": {"HF_TOKEN": "token"}}],
+    "volumes": [{"name": "data", "pvc": "pretrain-data", "mount_path": "/data"}],
+    "image_pull_secrets": ["registry-cred"]})
+
+
+def secret(name: str, **data: str) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": name, "namespace": NS},
+            "data": data}
+
+
+def claim(name: str, *modes: str) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+            "metadata": {"name": name, "namespace": NS}, "spec": {"accessModes": list(modes)}}
+
+
+@pytest.mark.parametrize(("setup", "says"), [
+    (lambda api: api.secrets.pop("hf"), "Secret hf not found in namespace train (secrets[0]"),
+    (lambda api: api.secrets.update(hf=secret("hf", other="eA==")), "Secret hf has no key token"),
+    (lambda api: api.secrets.pop("registry-cred"),
+     "Secret registry-cred not found in namespace train (image_pull_secrets[0]"),
+    (lambda api: api.pvcs.pop("pretrain-data"),
+     "PersistentVolumeClaim pretrain-data not found in namespace train (volumes[0] (data)"),
+    (lambda api: api.pvcs.update(ckpt=claim("ckpt", "ReadWriteOnce")),
+     "checkpoint claim ckpt is ReadWriteOnce"),
+])
+async def test_a_launch_missing_what_its_pods_name_creates_nothing(
+        api: FakeKubeApi, driver: KubernetesDriver, setup: Callable[[FakeKubeApi], Any],
+        says: str) -> None:
+    api.secrets.update({"hf": secret("hf", token="eA=="), "registry-cred": secret("registry-cred")})
+    api.pvcs["pretrain-data"] = claim("pretrain-data", "ReadOnlyMany")
+    await driver.launch("ready", 1, WORKLOAD, SLOTS)  # everything there: it launches
+    assert len(api.pods) == 2
+    setup(api)
+    with pytest.raises(LaunchRefused) as refused:
+        await driver.launch(JOB, 1, WORKLOAD, SLOTS)
+    assert says in str(refused.value)
+    # Nothing of the refused job was created: only reads went out for it.
+    assert {c.body["metadata"]["name"] for c in api.requests(method="POST")} == {
+        service_name("ready", 1), pod_name("ready", 1, 0), pod_name("ready", 1, 1)}
+
+
+async def test_a_node_without_the_selectors_labels_refuses_the_launch(
+        api: FakeKubeApi, driver: KubernetesDriver) -> None:
+    api.nodes["node-a"] = {"metadata": {"name": "node-a", "labels": {"pool": "llm"}}}
+    api.nodes["node-b"] = {"metadata": {"name": "node-b", "labels": {"pool": "batch"}}}
+    spec = SPEC.model_copy(update={"node_selector": {"pool": "llm"}})
+    with pytest.raises(LaunchRefused, match="node node-b lacks the node_selector label"):
+        await driver.launch(JOB, 1, spec, SLOTS)
+    assert not api.requests(method="POST")
+
+
+async def test_attempt_two_mounts_the_checkpoints_of_attempt_one(
+        api: FakeKubeApi, driver: KubernetesDriver) -> None:
+    """Failover re-places the gang on other nodes: the new pods mount the
+    same directory of the same ReadWriteMany claim."""
+    await driver.launch(JOB, 1, SPEC, SLOTS)
+    await driver.stop(JOB, grace_s=0)  # node-b failed; the attempt ended
+    moved = [WorkerSlot(rank=0, node="node-c", gpus=8), WorkerSlot(rank=1, node="node-d", gpus=8)]
+    await driver.launch(JOB, 2, SPEC, moved)
+    mounts: dict[int, set[tuple[str, str, str]]] = {}
+    for call in api.requests(method="POST", path=PODS):
+        pod = call.body
+        volume = next(v for v in pod["spec"]["volumes"] if v["name"] == "checkpoints")
+        mount = next(m for m in pod["spec"]["containers"][0]["volumeMounts"]
+                     if m["name"] == "checkpoints")
+        attempt = int(pod["metadata"]["labels"]["primus-safe/attempt"])
+        mounts.setdefault(attempt, set()).add((
+            volume["persistentVolumeClaim"]["claimName"], mount["subPath"], mount["mountPath"]))
+    assert mounts[1] == mounts[2] == {("ckpt", f"jobs/{JOB}", "/checkpoints")}
+    nodes = {c.body["spec"]["nodeName"] for c in api.requests(method="POST", path=PODS)}
+    assert nodes == {"node-a", "node-b", "node-c", "node-d"}

@@ -162,6 +162,9 @@ def test_worker_env_is_torchrun_plus_sdk() -> None:
             "PRIMUS_NODE_NAME": f"gpu-0{rank + 1}", "PRIMUS_NATS_URL": "nats://nats:4222",
             "PRIMUS_CHECKPOINT_DIR": "/checkpoints/Tiny_DDP",
             "PRIMUS_CHECKPOINT_INTERVAL": "25", "PRIMUS_DEVICE_SLOTS": "8",
+            # torchrun inside the pod: one process per GPU, its args from PET_*
+            "LOCAL_WORLD_SIZE": "8", "PET_NNODES": "2", "PET_NODE_RANK": str(rank),
+            "PET_NPROC_PER_NODE": "8", "PET_MASTER_ADDR": addr, "PET_MASTER_PORT": "29500",
         }
         names = [e["name"] for e in pod["spec"]["containers"][0]["env"]]
         assert len(names) == len(set(names))
@@ -179,9 +182,11 @@ def test_full_config_options() -> None:
     assert "priorityClassName" not in pod["spec"]
     assert {"name": "checkpoints", "persistentVolumeClaim": {"claimName": "ckpt"}} \
         in pod["spec"]["volumes"]
-    assert {"name": "checkpoints", "mountPath": "/mnt/ckpt"} in container["volumeMounts"]
+    # The claim's directory of this job, whatever the attempt.
+    assert {"name": "checkpoints", "mountPath": "/mnt/ckpt", "subPath": "jobs/j"} \
+        in container["volumeMounts"]
     env = env_of(pod)
-    assert env["PRIMUS_CHECKPOINT_DIR"] == "/mnt/ckpt/j"
+    assert env["PRIMUS_CHECKPOINT_DIR"] == "/mnt/ckpt"
     assert env["MASTER_PORT"] == "23456"
     assert env["PRIMUS_NATS_TOKEN"] == {"secretKeyRef": {"name": "primus-safe",
                                                           "key": "nats-token"}}

@@ -75,6 +75,20 @@ def test_every_rank_exiting_zero_completes_the_job() -> None:
     assert kinds(again) == ["Reannounce"]  # its end may not have gone out
 
 
+def test_a_launch_refused_before_anything_was_created_waits_without_a_retry() -> None:
+    step = lc.apply(running(max_retry=0), lc.LaunchBlocked("Secret hf not found"), 20.0,
+                    LIMITS)
+    r = step.record
+    assert r is not None and r.status == "pending" and r.retries == 0
+    assert r.blocked == "Secret hf not found" and "cannot launch" in r.reason
+    assert r.not_before == 20.0 + LIMITS.launch_retry_s and not r.slots
+    assert kinds(step)[0] == "StopWorkers" and "Save" in kinds(step)
+    placed = lc.apply(r, Placed(slots("a", "b")), 60.0, LIMITS).record
+    assert placed is not None and placed.blocked == "" and placed.attempt == 2
+    # Only a running attempt can be refused at launch.
+    assert lc.apply(job(), lc.LaunchBlocked("x"), 20.0, LIMITS).effects == ()
+
+
 def test_a_failed_rank_spends_a_retry_and_requeues_after_a_backoff() -> None:
     step = lc.apply(running(max_retry=1), Exited(1, 0, 1, "a"), 20.0, LIMITS)
     job1 = step.record
@@ -271,6 +285,7 @@ op = st.one_of(
     st.tuples(st.just("command"), st.integers(0, 2),
               st.sampled_from(["stop", "resume", "cancel", "delete"])),
     st.tuples(st.just("launch_failed"), st.integers(0, 2)),
+    st.tuples(st.just("launch_blocked"), st.integers(0, 2)),
     st.tuples(st.just("tick"), st.floats(0.5, 200.0)),
     st.tuples(st.just("restart")),
 )
@@ -393,6 +408,8 @@ def test_random_sequences_keep_the_lifecycle_sound(
                 fact = lc.Preempt("urgent")
             elif kind == "launch_failed":
                 fact = lc.LaunchFailed("refused")
+            elif kind == "launch_blocked":
+                fact = lc.LaunchBlocked("Secret missing")
             else:
                 fact = Command(o[2])  # type: ignore[arg-type]
             step_world(world, name, fact)
