@@ -14,7 +14,7 @@
 #   docker build -t primus-safe .
 #   docker build --target agent -t primus-safe-agent .
 #   docker build --target agent-rocm -t primus-safe-agent-rocm \
-#       --build-arg ROCM_PYTORCH_IMAGE=rocm/pytorch:<tag> .
+#       [--build-arg ROCM_PYTORCH_IMAGE=rocm/pytorch:<another exact tag>] .
 #
 # Every runnable stage starts `primus-safe <service>` (ENTRYPOINT primus-safe,
 # the service as the command) as the unprivileged user 10001.
@@ -25,8 +25,9 @@
 #     benchmarks the GPUs with that torch.
 #   - The project is installed WITHOUT the `agent` extra: its PyPI torch pin
 #     would replace the ROCm build with a CPU/CUDA one. The build fails when
-#     the base's torch is not a ROCm build. Pick a tag whose torch matches
-#     the `agent` extra in pyproject.toml, and pin it: `latest` moves.
+#     the base's torch is not a ROCm build. The default is an exact tag
+#     (`latest` moves); pick one whose torch is close to the `agent` extra in
+#     pyproject.toml (the ROCm images trail PyPI's torch releases).
 #   - It installs into the base image's own Python environment (no venv
 #     copy: the ROCm libraries live in that image), so the image is large.
 #   - GPU access: the device nodes /dev/kfd and /dev/dri/renderD* belong to
@@ -40,9 +41,12 @@
 #     the host's PID namespace (deploy/helm/primus-safe/values.yaml,
 #     benchAgent, says why).
 
-ARG PYTHON_VERSION=3.11
-# Override with a pinned tag: rocm/pytorch:rocm<ver>_ubuntu<ver>_py<ver>_pytorch_release_<ver>.
-ARG ROCM_PYTORCH_IMAGE=rocm/pytorch:latest
+# Every base image is an exact version (tests/deploy/test_image_pins.py fails
+# on latest, no tag, or a major/minor only such as 3.11): a rebuild gets the
+# same bases. Bump them on purpose; append @sha256:<digest> to pin content.
+ARG PYTHON_VERSION=3.11.14
+# AMD's ROCm build of torch: rocm/pytorch:rocm<ver>_ubuntu<ver>_py<ver>_pytorch_release_<ver>.
+ARG ROCM_PYTORCH_IMAGE=rocm/pytorch:rocm7.2.4_ubuntu24.04_py3.12_pytorch_release_2.10.0
 
 # ---------------------------------------------------------------- build ---
 FROM python:${PYTHON_VERSION}-slim-bookworm AS build
