@@ -10,7 +10,14 @@ Liveness is judged on this process's clock: a beat counts when it is
 received, and after a (re)start no node is judged before it has had a full
 deadline to beat again (the durable consumer replays old beats first). The
 nodes judged are those bootstrap registered (its ``nodes`` bucket and
-``node.registered`` events); beats from other names open nothing."""
+``node.registered`` events); beats from other names open nothing.
+
+Failover hosts the node half of the driver (``libs/drivers/nodes.py``): on
+Kubernetes (``PRIMUS_DRIVER=kubernetes``) a node fault that acts cordons
+and taints the node while it is open (``cordons.py`` does it, per node,
+retrying), and the Node watch's conditions (NotReady, MemoryPressure, ...)
+are a fault source (``conditions.py``). Locally there is nothing to cordon:
+the quarantine keeps the platform's scheduler off the node."""
 
 from __future__ import annotations
 
@@ -21,6 +28,7 @@ from typing import Any
 
 from libs.bus import Bus
 from libs.drivers.base import NODE_WORKERS, NodeWorkers, NodeWorkersRequest
+from libs.drivers.nodes import LocalNodes, NodeDriver, NodeUpdate
 from libs.events import (
     BenchResult,
     FaultChangedData,
@@ -53,6 +61,13 @@ from libs.settings import Settings
 from libs.specs import load_model
 from libs.tasks import cancel_and_wait
 from libs.wiring import wire
+from services.failover.conditions import (
+    ConditionChange,
+    ConditionTracker,
+    cordons,
+    marks_to_fix,
+)
+from services.failover.cordons import Cordons
 from services.failover.faults import (
     Decision,
     FailoverRules,
@@ -72,11 +87,20 @@ def load_rules(path: Path | None) -> FailoverRules:
     return FailoverRules() if path is None else load_model(path, FailoverRules)
 
 
+def node_driver(settings: Settings) -> NodeDriver:
+    """The cluster's nodes: Kubernetes (in-cluster credentials, else the
+    kubeconfig) or the local driver's, which has nothing to cordon."""
+    if settings.driver == "kubernetes":
+        from libs.drivers.k8s_nodes import KubernetesNodes
+        return KubernetesNodes()
+    return LocalNodes()
+
+
 class Failover:
     name = "failover"
     routes = ROUTES
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, *, nodes: NodeDriver | None = None) -> None:
         self.monitor = HeartbeatMonitor(settings.heartbeat_interval_s, settings.heartbeat_missed,
                                         first_beat_grace_s=settings.heartbeat_first_grace_s)
         self.book = FaultBook(load_rules(settings.failover_rules))
@@ -88,6 +112,10 @@ class Failover:
         self.suspects: dict[str, tuple[MissedHeartbeat, float]] = {}
         self._sending = asyncio.Lock()
         self._task: asyncio.Task[None] | None = None
+        self._settings = settings
+        self.nodes = nodes  # built at start when not given
+        self.cordons: Cordons | None = None
+        self.conditions = ConditionTracker()
         self._log = get_logger()
 
     async def start(self, bus: Bus) -> None:
@@ -101,8 +129,12 @@ class Failover:
             self.monitor.watch(name, started, heard=node.state == "ready")
         self.kv = await bus.records(FAULTS)
         self.book.faults = await self.kv.load()
+        if self.nodes is None:
+            self.nodes = node_driver(self._settings)
+        self.cordons = Cordons(self.nodes)
         await wire(bus, ROUTES, self)
         self._task = asyncio.create_task(self._watch())
+        await self.nodes.watch(self._node_update)
 
     def _jobs_on(self, node: str) -> list[str]:
         return sorted(j for j, (_, nodes) in self.placements.items() if node in nodes)
@@ -140,7 +172,37 @@ class Failover:
     async def on_node_registered(self, event: NodeRegistered) -> None:
         # Timed from when failover heard of it, whatever it was stamped.
         self.monitor.watch(event.node, time.time())
-        await self._act([])
+        # Its conditions, heard before it was registered, are judged now.
+        await self._act(self._judge(self.conditions.current(event.node)))
+
+    async def _node_update(self, update: NodeUpdate) -> None:
+        """The node watch: a changed condition of a registered node is an
+        observation; a complete listing also puts cordons right (one lost
+        in a crash, or a mark left by a fault closed meanwhile)."""
+        assert self.cordons is not None
+        if update.complete:
+            self.conditions.keep_only(v.name for v in update.nodes)
+            for fix in marks_to_fix(update.nodes, self.book.faults.values()):
+                if fix.action == "cordon":
+                    self.cordons.cordon(fix.node, fix.kind, fix.reason)
+                else:
+                    self.cordons.uncordon(fix.node, fix.kind)
+        for node in update.deleted:
+            self.conditions.forget(node)
+        changes = [c for v in update.nodes for c in self.conditions.update(v)]
+        await self._act(self._judge(changes))
+
+    def _judge(self, changes: list[ConditionChange]) -> list[Decision]:
+        now = time.time()
+        decisions: list[Decision] = []
+        for c in changes:
+            if c.node not in self.monitor.last_seen:
+                continue  # only nodes the platform knows are judged
+            decisions += self.book.observe(
+                c.kind, c.node, bad=c.bad, now=now, jobs=self._jobs_on(c.node),
+                reason=f"Kubernetes node {c.kind.split(':', 1)[1]}: {c.message}" if c.bad
+                else f"Kubernetes reports {c.kind.split(':', 1)[1]} cleared: {c.message}")
+        return decisions
 
     async def on_node_state(self, event: NodeStateChanged) -> None:
         await self._act(self.book.node_state(event.node, event.data.state, time.time()))
@@ -288,6 +350,8 @@ class Failover:
                     scope=f.scope, quarantine=f.scope == "node" and f.failover)))
             self._log.warning("fault opened", fault=f.fault_id, key=node, kind=f.kind,
                               jobs=f.jobs)
+            if cordons(f) and self.cordons is not None:
+                self.cordons.cordon(node, f.kind, f.reason)
         elif d.action == "restart_job":
             await self.bus.publish(JobRecover(
                 id=f"{f.fault_id}-recover", source=SOURCE, job=f.key,
@@ -303,6 +367,8 @@ class Failover:
         elif d.action == "close":
             await self.bus.publish(FaultClosed(id=f"{f.fault_id}-closed", source=SOURCE,
                                                node=node, data=changed))
+            if cordons(f) and self.cordons is not None:
+                self.cordons.uncordon(node, f.kind)  # the node's other faults keep theirs
         await self._record(f)
 
     async def _record(self, fault: Fault) -> None:
@@ -313,6 +379,10 @@ class Failover:
 
     async def stop(self) -> None:
         await cancel_and_wait([self._task])
+        if self.nodes is not None:
+            await self.nodes.close()
+        if self.cordons is not None:
+            await self.cordons.close()
 
     def health(self) -> dict[str, Any]:
         open_faults = [f.fault_id for f in self.book.faults.values() if f.status != "closed"]
@@ -320,5 +390,6 @@ class Failover:
         return {"watched_nodes": len(self.monitor.last_seen), "down": sorted(self.monitor.down),
                 "silent_agents_with_live_workers": sorted(self.suspects),
                 "faults_open": open_faults, "decisions_unsent": len(self._unsent),
+                "cordons_pending": self.cordons.pending if self.cordons else 0,
                 "unknown_beats": sum(unknown.values()),
                 "unknown_nodes": sorted(unknown)[:20]}

@@ -1,10 +1,10 @@
 """Fault rules and fault records (pure: no I/O, the clock is passed in).
 
 Observations come from every fault source — missed heartbeats, failing
-health probes, bench verdicts, Lens alerts, worker exit codes — as (kind,
-key, bad?) facts; every default rule has a producer (README, "Fault
-kinds"). Rules from configuration say,
-per kind, how many bad observations in a row open a fault, whether it is
+health probes, bench verdicts, Lens alerts, worker exit codes, Kubernetes
+node conditions — as (kind, key, bad?) facts; every default rule has a
+producer (README, "Fault kinds"). Rules from configuration say, per kind,
+how many bad observations in a row open a fault, whether it is
 about a node (quarantine it, move its jobs) or a job (restart it from its
 checkpoint), and whether failover acts at all. ``FaultBook`` turns facts
 into decisions and keeps each fault's life: opened -> mitigated (the node is
@@ -28,10 +28,16 @@ Scope = Literal["node", "job"]
 
 class FaultRule(Frozen):
     kind: str = Field(description="heartbeat_missed, probe_failed, bench_failed, "
-                                  "worker_infra_exit, or alert:<lens rule>")
+                                  "worker_infra_exit, alert:<lens rule>, or condition:<NotReady, "
+                                  "MemoryPressure, DiskPressure, PIDPressure, NetworkUnavailable>")
     scope: Scope = "node"
     consecutive: int = Field(default=1, ge=1, description="bad observations in a row to open")
-    failover: bool = Field(default=True, description="act (quarantine / restart) or only record")
+    failover: bool = Field(default=True, description="act (quarantine / restart; on Kubernetes "
+                           "also cordon and taint the node) or only record")
+    close_on_clear: bool = Field(
+        default=False, description="the source saying healthy again closes the fault (a "
+        "node's then returns through bench at once); otherwise a node's fault closes when "
+        "the node passes bench again, or when an operator closes it")
 
 
 class FailoverRules(Frozen):
@@ -58,6 +64,14 @@ DEFAULT_RULES: tuple[FaultRule, ...] = (
     FaultRule(kind="alert:loss_nonfinite", scope="job"),
     FaultRule(kind="alert:throughput_low", scope="job", failover=False),
     FaultRule(kind="alert:gpu_temp_high", failover=False),
+    # Kubernetes node conditions (the node watch). A node that was NotReady
+    # returns through bench; a pressure the kubelet reports gone closes its
+    # fault, and bootstrap benches the node at once.
+    FaultRule(kind="condition:NotReady"),
+    FaultRule(kind="condition:MemoryPressure", close_on_clear=True),
+    FaultRule(kind="condition:DiskPressure", close_on_clear=True),
+    FaultRule(kind="condition:PIDPressure", close_on_clear=True),
+    FaultRule(kind="condition:NetworkUnavailable", close_on_clear=True),
 )
 
 
@@ -86,13 +100,19 @@ class FaultBook:
 
     def observe(self, kind: str, key: str, *, bad: bool, now: float, reason: str = "",
                 jobs: list[str] | None = None, last_good: float | None = None) -> list[Decision]:
-        """One observation; a fault opens when the rule's streak is reached."""
+        """One observation; a fault opens when the rule's streak is reached,
+        and a good one closes it when the rule says ``close_on_clear``."""
         rule = self.rules.rule(kind)
         if rule is None:
             return []
         if not bad:
             self.streaks.pop((kind, key), None)
-            return []
+            open_fault = self.active(kind, key)
+            if not rule.close_on_clear or open_fault is None:
+                return []
+            open_fault.status, open_fault.closed_at = "closed", now
+            open_fault.close_reason = reason or "the source reports it healthy again"
+            return [Decision("close", open_fault)]
         streak = self.streaks[(kind, key)] = self.streaks.get((kind, key), 0) + 1
         if streak < rule.consecutive or self.active(kind, key) is not None:
             return []
