@@ -432,8 +432,8 @@ class JobSpec(Frozen):
     @classmethod
     def _image(cls, value: str | None) -> str | None:
         if value is not None and (not value.strip() or any(c.isspace() for c in value)):
-            raise ValueError(f"image {value[:80]!r} is not an image reference "
-                             "(e.g. rocm/pytorch:rocm6.4_ubuntu24.04_py3.12_pytorch_2.6.0)")
+            raise ValueError(f"image {value[:80]!r} is not an image reference (e.g. "
+                             "rocm/pytorch:rocm7.2.4_ubuntu24.04_py3.12_pytorch_release_2.10.0)")
         return value
 
     @field_validator("node_selector")

@@ -24,7 +24,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from libs.events import JobSpec, WorkerSlot
-from libs.worker_env import WorkerEnv
+from libs.worker_env import WORKER_ENV_PASSWORD, WORKER_ENV_USER, WorkerEnv
 
 MANAGED_BY = "app.kubernetes.io/managed-by"
 MANAGER = "primus-safe"
@@ -74,6 +74,9 @@ class KubernetesDriverConfig(BaseModel):
     nats_token_secret: str | None = Field(
         default=None, description=f"Secret whose '{NATS_TOKEN_KEY}' key is the bus token")
     cluster_domain: str = "cluster.local"
+    job_credentials: bool = Field(
+        default=False, description="workers log in to NATS with their job's own credential, "
+        "from a per-job Secret the driver creates (never the platform's token)")
 
 
 # --------------------------------------------------------------------------- names
@@ -166,6 +169,31 @@ def job_labels(job: str, attempt: int) -> dict[str, str]:
     return {MANAGED_BY: MANAGER, LABEL_JOB: job_label(job), LABEL_ATTEMPT: str(attempt)}
 
 
+def credential_secret_name(job: str) -> str:
+    """The per-job Secret holding the job's NATS credential (all attempts)."""
+    suffix = "-nats"
+    return "ps-" + dns_label(job, max_len=_DNS_LABEL_MAX - 3 - len(suffix)) + suffix
+
+
+def credential_secret(job: str, user: str, password: str,
+                      config: KubernetesDriverConfig) -> dict[str, Any]:
+    """The job's NATS credential as a Secret its pods read. Pure. Labelled
+    like the job's pods (no attempt: every attempt uses it), so stopping
+    the job deletes it."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "type": "Opaque",
+        "metadata": {
+            "name": credential_secret_name(job),
+            "namespace": config.namespace,
+            "labels": {MANAGED_BY: MANAGER, LABEL_JOB: job_label(job)},
+            "annotations": {ANNOTATION_JOB_ID: job},
+        },
+        "stringData": {"user": user, "password": password},
+    }
+
+
 def job_selector(job: str) -> str:
     """Label selector for every object of the job, all attempts."""
     return f"{MANAGED_BY}={MANAGER},{LABEL_JOB}={job_label(job)}"
@@ -229,7 +257,11 @@ def worker_env(job: str, attempt: int, spec: JobSpec, slot: WorkerSlot, *, world
         "PET_MASTER_PORT": str(port),
     })
     env: list[dict[str, Any]] = [{"name": k, "value": v} for k, v in values.items()]
-    if config.nats_token_secret:
+    if config.job_credentials:
+        secret = credential_secret_name(job)
+        env += [{"name": name, "valueFrom": {"secretKeyRef": {"name": secret, "key": key}}}
+                for name, key in ((WORKER_ENV_USER, "user"), (WORKER_ENV_PASSWORD, "password"))]
+    elif config.nats_token_secret:
         env.append({"name": "PRIMUS_NATS_TOKEN", "valueFrom": {"secretKeyRef": {
             "name": config.nats_token_secret, "key": NATS_TOKEN_KEY}}})
     for ref in spec.secrets:

@@ -48,6 +48,7 @@ from libs.drivers.k8s_manifests import (
     KubernetesDriverConfig,
     Needed,
     WorkerPod,
+    credential_secret,
     gang_manifests,
     job_selector,
     missing,
@@ -65,6 +66,7 @@ from libs.events import (
     WorkerStarted,
     WorkerStartedData,
 )
+from libs.job_credentials import credential
 from libs.logs import get_logger
 from libs.tasks import cancel_and_wait
 
@@ -99,8 +101,12 @@ class KubernetesDriver:
     def __init__(self, config: KubernetesDriverConfig, sink: EventSink, *, nats_url: str,
                  api_client: client.ApiClient | None = None,
                  source: str = "scheduler/k8s-driver", watch_timeout_s: int = 300,
-                 stop_wait_s: float = 10.0) -> None:
+                 stop_wait_s: float = 10.0, job_credential_key: bytes | None = None) -> None:
+        if config.job_credentials and not job_credential_key:
+            raise ValueError("job_credentials needs the job credential key "
+                             "(PRIMUS_JOB_CREDENTIAL_KEY)")
         self.config = config
+        self.job_credential_key = job_credential_key
         self.sink = sink
         self.nats_url = nats_url
         self.source = source
@@ -154,6 +160,12 @@ class KubernetesDriver:
             if not await asyncio.to_thread(self._create, "service", service):
                 await self._report_lost(job, attempt, slots)
                 return
+            if self.config.job_credentials:
+                assert self.job_credential_key is not None
+                cred = credential(self.job_credential_key, job)
+                # Kept across attempts (409 is fine: the same credential).
+                await asyncio.to_thread(self._create, "secret", credential_secret(
+                    job, cred.user, cred.password, self.config))
             await _in_threads(self._create, [("pod", p) for p in pods])
         except Exception as exc:
             # The caller gets the exception (and logs its traceback); say what we do.
@@ -181,6 +193,11 @@ class KubernetesDriver:
         services = await asyncio.to_thread(self._list, "service", selector)
         await _in_threads(self._delete, [("service", s["metadata"]["name"], None)
                                          for s in services["items"]])
+        if self.config.job_credentials:
+            # The next attempt's launch creates it again; an ended job's is gone.
+            secrets = await asyncio.to_thread(self._list, "secret", selector)
+            await _in_threads(self._delete, [("secret", s["metadata"]["name"], None)
+                                             for s in secrets["items"]])
         deadline = time.monotonic() + grace + self.stop_wait_s
         while True:
             pods = await asyncio.to_thread(self._list, "pod", selector)
@@ -276,8 +293,9 @@ class KubernetesDriver:
         """Create the object; False when it exists already."""
         ns, name = self.config.namespace, body["metadata"]["name"]
         try:
-            create = (self._core.create_namespaced_service if kind == "service"
-                      else self._core.create_namespaced_pod)
+            create = {"service": self._core.create_namespaced_service,
+                      "secret": self._core.create_namespaced_secret,
+                      "pod": self._core.create_namespaced_pod}[kind]
             create(ns, body, _preload_content=False).data  # noqa: B018 (read: frees the connection)
         except ApiException as exc:
             if exc.status != 409:
@@ -309,8 +327,9 @@ class KubernetesDriver:
         ns = self.config.namespace
         options = client.V1DeleteOptions(grace_period_seconds=grace)
         try:
-            delete = (self._core.delete_namespaced_service if kind == "service"
-                      else self._core.delete_namespaced_pod)
+            delete = {"service": self._core.delete_namespaced_service,
+                      "secret": self._core.delete_namespaced_secret,
+                      "pod": self._core.delete_namespaced_pod}[kind]
             delete(name, ns, body=options, _preload_content=False).data  # noqa: B018
         except ApiException as exc:
             if exc.status != 404:
@@ -318,8 +337,9 @@ class KubernetesDriver:
 
     def _list(self, kind: str, selector: str) -> dict[str, Any]:
         ns = self.config.namespace
-        lister = (self._core.list_namespaced_service if kind == "service"
-                  else self._core.list_namespaced_pod)
+        lister = {"service": self._core.list_namespaced_service,
+                  "secret": self._core.list_namespaced_secret,
+                  "pod": self._core.list_namespaced_pod}[kind]
         resp = lister(ns, label_selector=selector, _preload_content=False)
         return json.loads(resp.data)
 

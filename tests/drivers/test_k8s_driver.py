@@ -19,6 +19,7 @@ from libs.drivers.base import LaunchRefused
 from libs.drivers.k8s_manifests import (
     KILLED_EXIT_CODE,
     WATCH_SELECTOR,
+    credential_secret_name,
     gang_manifests,
     job_selector,
     pod_name,
@@ -26,6 +27,8 @@ from libs.drivers.k8s_manifests import (
 )
 from libs.drivers.kubernetes import KubernetesDriver, KubernetesDriverConfig
 from libs.events import Event, JobSpec, WorkerExited, WorkerSlot, WorkerStarted
+from libs.job_credentials import credential
+from libs.worker_env import WORKER_ENV_PASSWORD
 from tests.drivers.k8s_fake_api import FakeKubeApi
 
 pytestmark = pytest.mark.timeout(60)
@@ -409,3 +412,55 @@ async def test_attempt_two_mounts_the_checkpoints_of_attempt_one(
     assert mounts[1] == mounts[2] == {("ckpt", f"jobs/{JOB}", "/checkpoints")}
     nodes = {c.body["spec"]["nodeName"] for c in api.requests(method="POST", path=PODS)}
     assert nodes == {"node-a", "node-b", "node-c", "node-d"}
+
+
+# --------------------------------------------------------------------------- job credentials
+
+
+async def test_each_job_gets_its_own_nats_credential_in_a_secret_removed_when_it_stops(
+        api: FakeKubeApi, events: list[Event]) -> None:
+    key = b"k" * 32
+    config = CONFIG.model_copy(update={"job_credentials": True,
+                                       "nats_token_secret": "primus-safe"})
+    api_client = client.ApiClient(client.Configuration(host=api.url))
+
+    async def sink(event: Event) -> None:
+        events.append(event)
+
+    drv = KubernetesDriver(config, sink, nats_url=NATS, api_client=api_client,
+                           watch_timeout_s=30, stop_wait_s=1.0, job_credential_key=key)
+    try:
+        await drv.launch(JOB, 1, SPEC, SLOTS)
+        await drv.launch("other", 1, SPEC, [WorkerSlot(rank=0, node="node-c", gpus=8)])
+        cred = credential(key, JOB)
+        secret = api.secrets[credential_secret_name(JOB)]
+        assert secret["stringData"] == {"user": cred.user, "password": cred.password}
+        assert credential_secret_name("other") in api.secrets
+        for rank in (0, 1):
+            env = {e["name"]: e for e in api.pods[pod_name(JOB, 1, rank)]["spec"]
+                   ["containers"][0]["env"]}
+            # The job's own login, never the platform's token.
+            assert "PRIMUS_NATS_TOKEN" not in env
+            assert env[WORKER_ENV_PASSWORD]["valueFrom"] == {"secretKeyRef": {
+                "name": credential_secret_name(JOB), "key": "password"}}
+            assert cred.password not in str(env)
+        # A re-placed attempt reuses it; stopping the job removes it and only it.
+        await drv.stop(JOB, grace_s=0)
+        assert credential_secret_name(JOB) not in api.secrets
+        assert credential_secret_name("other") in api.secrets
+        # A launch that fails half way leaves nothing behind, the Secret included.
+        api.fail_create[pod_name(JOB, 2, 1)] = 403
+        with pytest.raises(ApiException):
+            await drv.launch(JOB, 2, SPEC, SLOTS)
+        assert credential_secret_name(JOB) not in api.secrets
+        assert not [p for p in api.pods if p.startswith(pod_name(JOB, 2, 0)[:-6])]
+    finally:
+        await drv.close()
+        api_client.close()
+
+
+def test_job_credentials_need_the_key() -> None:
+    with pytest.raises(ValueError, match="job credential key"):
+        KubernetesDriver(CONFIG.model_copy(update={"job_credentials": True}),
+                         lambda e: None,  # type: ignore[arg-type,return-value]
+                         nats_url=NATS, api_client=client.ApiClient())
