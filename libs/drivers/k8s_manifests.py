@@ -116,11 +116,15 @@ def service_name(job: str, attempt: int) -> str:
     return prefix + dns_label(job, max_len=_DNS_LABEL_MAX - len(prefix) - len(suffix)) + suffix
 
 
-def gpu_resource(model: str, default: str) -> str:
+def gpu_resource(model: str, default: str) -> str | None:
     """The device plugin resource of a GPU model: ``amd.com/gpu`` for AMD
     Instinct/Radeon, ``nvidia.com/gpu`` for NVIDIA; ``default`` when the
-    model says neither. Pure."""
+    model says neither; None for ``cpu`` (a node registered with CPU device
+    slots, as local nodes and CPU-only test clusters are: nothing to ask
+    a device plugin for). Pure."""
     name = model.strip().lower()
+    if name == "cpu":
+        return None
     if name.startswith(("mi", "amd", "instinct", "radeon")):
         return "amd.com/gpu"
     if name.startswith(("nvidia", "tesla", "geforce", "rtx", "quadro")) or re.match(
@@ -280,8 +284,9 @@ def _resources(spec: JobSpec, slot: WorkerSlot,
                         ("ephemeral_storage", "ephemeral-storage")):
         if getattr(res, field):
             amount[name] = getattr(res, field)
-    if slot.gpus:
-        amount[gpu_resource(slot.gpu_model, config.gpu_resource)] = str(slot.gpus)
+    device = gpu_resource(slot.gpu_model, config.gpu_resource)
+    if slot.gpus and device:
+        amount[device] = str(slot.gpus)
     amount.update({name: str(n) for name, n in sorted(res.extra.items())})
     return {"requests": dict(amount), "limits": dict(amount)} if amount else {}
 

@@ -157,8 +157,8 @@ def test_golden_pods_are_production_shaped() -> None:
     ("MI300X", "amd.com/gpu"), ("mi355x", "amd.com/gpu"), ("AMD Instinct MI325X", "amd.com/gpu"),
     ("H100", "nvidia.com/gpu"), ("h200-sxm", "nvidia.com/gpu"), ("A100-80GB", "nvidia.com/gpu"),
     ("GB200", "nvidia.com/gpu"), ("NVIDIA L40S", "nvidia.com/gpu"),
-    ("", "example.com/default"), ("gaudi3", "example.com/default")])
-def test_device_resource_follows_the_node_model(model: str, resource: str) -> None:
+    ("", "example.com/default"), ("gaudi3", "example.com/default"), ("cpu", None)])
+def test_device_resource_follows_the_node_model(model: str, resource: str | None) -> None:
     assert gpu_resource(model, "example.com/default") == resource
 
 
