@@ -212,6 +212,11 @@ class Routes:
     rereads: tuple[type[Event], ...] = ()  # its own events it looks up in their stream
     leases: tuple[str, ...] = ()  # roles it campaigns for (libs.leader)
     service_shell: bool = True  # runs under libs/service.py: topology, health
+    # A platform NATS user with a password (False: the SDK's table, whose
+    # workers log in with their job's credential, libs/job_credentials.py).
+    nats_user: bool = True
+    # Answers nats-server's auth callout ($SYS.REQ.USER.AUTH): the scheduler.
+    auth_callout: bool = False
 
     def __post_init__(self) -> None:
         names = [c.durable for c in self.consumes]

@@ -37,19 +37,39 @@ from libs.events import (
     LogRecordData,
     encode_event,
 )
-from libs.routes import Routes
+from libs.routes import Routes, event_subject
 from libs.worker_env import WorkerEnv
 
 _STOP = object()
 
 # What a training worker may say on the bus: its own telemetry and log lines
-# (its NATS user, the chart's ``trainer``, follows from this).
+# (each job's NATS credential, libs.job_credentials, follows from this).
 ROUTES = Routes(
     service="trainer",
     summary="training workers (this SDK): their own telemetry and log lines",
     publishes=(JobTelemetry, LogRecord),
     service_shell=False,
+    nats_user=False,
 )
+
+
+def job_subject(cls: type[Event], job: str) -> str:
+    """The subject a worker of ``job`` publishes ``cls`` on: the event's own
+    subject keyed by the job, or, for one whose subject names no job (a log
+    line: ``safe.telemetry.log``), that subject narrowed with ``.job.<job>``
+    (Lens reads both), so a job's credential can be held to its own."""
+    if "{job}" in cls.subject_template:
+        subject = event_subject(cls, job=job)
+    else:
+        subject = f"{event_subject(cls)}.job.{job}"
+    assert "*" not in subject and ">" not in subject, subject
+    return subject
+
+
+def job_inbox(job: str) -> str:
+    """The inbox prefix of a job's connections: its JetStream acks come back
+    here, and its credential may receive nothing else."""
+    return f"_INBOX.job-{job}"
 
 
 @dataclass(frozen=True)
@@ -67,11 +87,16 @@ class TelemetryPublisher(threading.Thread):
 
     BATCH = 256  # publishes in flight before waiting for their acks
 
+    RETRY_S = 5.0  # a failed or lost connection is tried again this often
+
     def __init__(self, url: str, token: str | None, max_pending: int,
-                 *, name: str = "primus-telemetry") -> None:
+                 *, name: str = "primus-telemetry", job: str | None = None,
+                 user: str | None = None, password: str | None = None) -> None:
         super().__init__(name=name, daemon=True)
         self.url = url
         self.token = token
+        self.job = job
+        self.user, self.password = user, password
         self.queue: queue.Queue[Any] = queue.Queue(maxsize=max_pending)
         self.published = 0
         self.failed = 0
@@ -95,10 +120,15 @@ class TelemetryPublisher(threading.Thread):
         async def quiet(_: Exception) -> None:  # training output stays clean; see .failed
             return None
 
+        # With the job's credential (libs.job_credentials) the server lets
+        # it publish only the job's subjects and read only its own inbox.
+        auth: dict[str, Any] = ({"user": self.user, "password": self.password or ""}
+                                if self.user else {"token": self.token})
+        if self.job:
+            auth["inbox_prefix"] = job_inbox(self.job)
         try:
-            return await nats.connect(self.url, token=self.token, connect_timeout=2,
-                                      max_reconnect_attempts=-1, reconnect_time_wait=1,
-                                      error_cb=quiet)
+            return await nats.connect(self.url, connect_timeout=2, max_reconnect_attempts=-1,
+                                      reconnect_time_wait=1, error_cb=quiet, **auth)
         except Exception:
             return None
         finally:
@@ -119,7 +149,12 @@ class TelemetryPublisher(threading.Thread):
             if items[-1] is _STOP or _STOP in items:
                 stopping = True
                 items = [i for i in items if i is not _STOP]
-            if nc is None and time.monotonic() - tried_at > 5:
+            if nc is not None and nc.is_closed:
+                # Closed for good: the job credential's JWT expired (the
+                # server checks the job again on the next connect), or the
+                # server refused it.
+                nc = None
+            if nc is None and time.monotonic() - tried_at > self.RETRY_S:
                 nc, tried_at = await self._connect(), time.monotonic()
             if nc is None:
                 self.failed += len(items)
@@ -133,7 +168,9 @@ class TelemetryPublisher(threading.Thread):
         acks = []
         for item in items:
             try:
-                acks.append(await js.publish_async(item.subject, encode_event(item),
+                subject = job_subject(type(item), item.job) if self.job and item.job \
+                    else item.subject
+                acks.append(await js.publish_async(subject, encode_event(item),
                                                    headers={"Nats-Msg-Id": item.id}))
             except Exception:
                 self.failed += 1
@@ -177,7 +214,8 @@ class Run:
 
     def __init__(self, *, job: str, rank: int, world_size: int, attempt: int, node: str,
                  checkpoint_dir: Path, checkpoint_interval: int, nats_url: str | None,
-                 nats_token: str | None = None, max_pending: int = 10_000) -> None:
+                 nats_token: str | None = None, max_pending: int = 10_000,
+                 nats_user: str | None = None, nats_password: str | None = None) -> None:
         self.job = job
         self.rank = rank
         self.world_size = world_size
@@ -185,7 +223,8 @@ class Run:
         self.node = node
         self.checkpoint_dir = checkpoint_dir
         self.checkpoint_interval = checkpoint_interval
-        self._publisher = (TelemetryPublisher(nats_url, nats_token, max_pending)
+        self._publisher = (TelemetryPublisher(nats_url, nats_token, max_pending, job=job,
+                                              user=nats_user, password=nats_password)
                            if nats_url else None)
         if self._publisher:
             self._publisher.start()
@@ -198,7 +237,8 @@ class Run:
         return cls(job=env.job, rank=env.rank, world_size=env.world_size, attempt=env.attempt,
                    node=env.node, checkpoint_dir=env.checkpoints,
                    checkpoint_interval=env.checkpoint_interval, nats_url=env.nats_url,
-                   nats_token=env.nats_token)
+                   nats_token=env.nats_token, nats_user=env.nats_user,
+                   nats_password=env.nats_password)
 
     # ------------------------------------------------------------------ telemetry
 

@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, SecretStr
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -32,6 +32,18 @@ class Settings(BaseSettings):
         default=None, description="client certificate for NATS (mutual TLS)")
     nats_tls_key: Path | None = Field(
         default=None, description="the client certificate's private key")
+    job_credential_key: SecretStr | None = Field(
+        default=None, description="scheduler: the cluster key each job's NATS credential is "
+        "an HMAC under (libs/job_credentials.py); the drivers hand a job's workers theirs and "
+        "the auth callout checks it (a secret)")
+    nats_callout_seed: SecretStr | None = Field(
+        default=None, description="scheduler: the NATS auth callout's account nkey seed (SA...) "
+        "or a secret string one is derived from; nats-server's auth_callout issuer is its "
+        "public key (a secret). Unset: the scheduler answers no callout")
+    job_credential_ttl_s: int = Field(
+        default=300, ge=2, le=86400, description="scheduler: how long a job's NATS login lasts "
+        "before the server checks the job again; a job that ended loses its connections "
+        "within this bound")
     nats_replicas: int = Field(
         default=1, ge=1, le=5,
         description="copies of every stream and KV bucket (3 on a 3-server NATS cluster)")

@@ -18,6 +18,11 @@ from typing import Self
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+# The job's own NATS credential (libs.job_credentials): its user and password.
+WORKER_ENV_USER = "PRIMUS_JOB_NATS_USER"
+WORKER_ENV_PASSWORD = "PRIMUS_JOB_NATS_PASSWORD"
+SECRET_ENV = frozenset({"PRIMUS_NATS_TOKEN", WORKER_ENV_PASSWORD})
+
 
 class WorkerEnvError(ValueError):
     """The environment does not describe a worker (a variable is malformed)."""
@@ -72,6 +77,11 @@ class WorkerEnv(RankEnv):
                                      description="devices (GPUs) this rank was given")
     nats_url: str | None = Field(default=None, alias="PRIMUS_NATS_URL")
     nats_token: str | None = Field(default=None, alias="PRIMUS_NATS_TOKEN")
+    nats_user: str | None = Field(
+        default=None, alias=WORKER_ENV_USER,
+        description="the job's own NATS user (libs.job_credentials)")
+    nats_password: str | None = Field(
+        default=None, alias=WORKER_ENV_PASSWORD, description="its password (a secret)")
     # A pod runs one worker per node; a torchrun started inside it over the
     # pod's GPUs reads these (Kubernetes driver).
     nnodes: int | None = Field(default=None, ge=1, alias="NNODES")
@@ -82,6 +92,6 @@ class WorkerEnv(RankEnv):
         return self.checkpoint_dir or Path("checkpoints") / self.job
 
     def public_env(self) -> dict[str, str]:
-        """``as_env`` without the token (a secret, set from a Secret on
-        Kubernetes)."""
-        return {k: v for k, v in self.as_env().items() if k != "PRIMUS_NATS_TOKEN"}
+        """``as_env`` without the token and the job's NATS password (secrets,
+        set from a Secret on Kubernetes)."""
+        return {k: v for k, v in self.as_env().items() if k not in SECRET_ENV}

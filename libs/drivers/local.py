@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import re
 import shutil
 import signal
 import socket
@@ -40,6 +41,7 @@ from libs.events import (
     WorkerStarted,
     WorkerStartedData,
 )
+from libs.job_credentials import credential
 from libs.logs import get_logger
 from libs.tasks import cancel_and_wait
 from libs.worker_env import WorkerEnv
@@ -47,6 +49,11 @@ from libs.worker_env import WorkerEnv
 # How long a relaunch waits for a rank that an earlier driver was starting.
 INTENT_WAIT_S = 5.0
 LOST_REASON = "killed while no driver watched (the stack or its node stopped)"
+
+
+def without_userinfo(url: str) -> str:
+    """``url`` (or a comma-separated list) without ``user:password@``."""
+    return ",".join(re.sub(r"^(\w+://)?[^/@]*@", r"\1", u.strip()) for u in url.split(","))
 
 
 def free_port() -> int:
@@ -70,26 +77,35 @@ class _Worker:
 
 class LocalDriver:
     def __init__(self, state_dir: Path, sink: EventSink, *, nats_url: str,
-                 source: str = "scheduler/local-driver", nats_token: str | None = None) -> None:
+                 source: str = "scheduler/local-driver", nats_token: str | None = None,
+                 job_credential_key: bytes | None = None) -> None:
         self.state_dir = state_dir.resolve()
         self.sink = sink
-        self.nats_url = nats_url
+        # A worker never gets the platform's own login (the embedded stack's
+        # URL carries it): with a key, its job's credential instead.
+        self.nats_url = without_userinfo(nats_url)
         self.nats_token = nats_token
+        self.job_credential_key = job_credential_key
         self.source = source
         self._workers: dict[str, list[_Worker]] = {}
         self._log = get_logger(component="local-driver")
 
     def _env(self, job: str, attempt: int, spec: JobSpec, slot: WorkerSlot, world: int,
              port: int) -> dict[str, str]:
-        env = dict(os.environ)
+        # Not the platform's PRIMUS_* (its NATS login, its store's DSN):
+        # a worker's come from WorkerEnv alone.
+        env = {k: v for k, v in os.environ.items() if not k.startswith("PRIMUS_")}
         env.update(spec.env)
+        cred = credential(self.job_credential_key, job) if self.job_credential_key else None
         env.update(WorkerEnv(
             # Every local node is this machine; loopback is where rank 0 listens.
             master_addr="127.0.0.1", master_port=port, world_size=world, rank=slot.rank,
             local_rank=0, job=job, attempt=attempt, node=slot.node, nats_url=self.nats_url,
             checkpoint_dir=self.state_dir / "checkpoints" / job,
             checkpoint_interval=spec.checkpoint_interval, device_slots=slot.gpus,
-            nats_token=self.nats_token or None).as_env())
+            nats_token=None if cred else (self.nats_token or None),
+            nats_user=cred.user if cred else None,
+            nats_password=cred.password if cred else None).as_env())
         return env
 
     @staticmethod

@@ -63,6 +63,7 @@ from libs.wiring import Wiring, wire
 from services.scheduler import config as scheduler_config
 from services.scheduler import lifecycle
 from services.scheduler.announcements import SOURCE, announcement, end_of
+from services.scheduler.callout import AuthCallout
 from services.scheduler.policy import admission, schedule
 from services.scheduler.protocol import AdmissionReply, AdmissionRequest
 from services.scheduler.routes import ROUTES
@@ -96,6 +97,8 @@ class Scheduler:
         self._own_driver = driver is None
         self._driver_used = False
         self.bus: Bus | None = None
+        # Every replica answers the NATS auth callout (job credentials).
+        self.callout = AuthCallout(settings) if settings.nats_callout_seed else None
         self.kv: Records[JobRecord] | None = None
         self.election: LeaderElection | None = None
         self._term: int | None = None  # the term this replica's records belong to
@@ -120,6 +123,8 @@ class Scheduler:
         self.kv = await bus.records(JOBS)
         if self.driver is None:  # now, so that a bad driver setting fails the start
             self.driver = make_driver(self.settings, bus)
+        if self.callout is not None:
+            await self.callout.start(bus)
         self.election = LeaderElection.for_service(bus, "scheduler", self.settings)
         await self.election.start()
         self._follow_task = await follow(self.election, lead=self._lead,
@@ -503,6 +508,8 @@ class Scheduler:
         await self._stop_acting(wait_s=15)
         if self.election is not None:
             await self.election.stop(release=True)
+        if self.callout is not None:
+            await self.callout.stop()
 
     def health(self) -> dict[str, Any]:
         counts: dict[str, int] = {}
@@ -528,5 +535,7 @@ def make_driver(settings: Settings, bus: Bus) -> ClusterDriver:
             service_account=settings.k8s_service_account, master_port=settings.k8s_master_port,
             nats_token_secret=settings.k8s_nats_token_secret)
         return KubernetesDriver(config, bus.publish, nats_url=settings.nats_url)
+    key = settings.job_credential_key
     return LocalDriver(settings.state_dir, bus.publish, nats_url=settings.nats_url,
-                       nats_token=settings.nats_token)
+                       nats_token=settings.nats_token,
+                       job_credential_key=key.get_secret_value().encode() if key else None)

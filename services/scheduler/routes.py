@@ -58,4 +58,6 @@ ROUTES = Routes(
     serves=(Serve(ADMISSION, "on_admission", queue="scheduler", leader=True),
             Serve(NODE_WORKERS, "on_node_workers", queue="scheduler", leader=True)),
     leases=("scheduler",),
+    # Every replica decides who may log in with a job's credential.
+    auth_callout=True,
 )

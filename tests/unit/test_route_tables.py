@@ -22,7 +22,14 @@ from cli.catalog import (
     role,
 )
 from libs.events import JobPlaced, JobSubmitted, NodeHeartbeat
-from libs.nats_permissions import CHART_FILE, HEADER, INBOX, permissions, render_users
+from libs.nats_permissions import (
+    CHART_FILE,
+    HEADER,
+    INBOX,
+    permissions,
+    render_callout,
+    render_users,
+)
 from libs.proto_gen import operations
 from libs.routes import Consumer, On, Routes, Serve
 from libs.topology import CONTROL
@@ -137,7 +144,7 @@ def test_the_agent_cannot_touch_other_consumers_or_job_subjects() -> None:
 
 
 def test_the_chart_ships_the_current_users() -> None:
-    assert CHART_FILE.read_text() == HEADER + render_users(ROLES), (
+    assert CHART_FILE.read_text() == HEADER + render_users(ROLES) + render_callout(ROLES), (
         f"{CHART_FILE.relative_to(ROOT)} is out of date: run python -m cli.catalog --write")
 
 
