@@ -19,7 +19,7 @@ from urllib.parse import urlsplit
 from nats.js.errors import BucketNotFoundError
 
 from cli.routes import ROUTES as CLI_ROUTES
-from libs.bus import Bus
+from libs.bus import Bus, shown_url
 from libs.embedded import STACK_FILE, StackFileError, is_running, read_stack_file
 from libs.events import JobSpec, JobSubmitted, JobSubmittedData, check_key
 from libs.records import BucketSpec, R
@@ -117,7 +117,7 @@ async def connect(settings: Settings) -> Bus:
     fix = ("set PRIMUS_NATS_TOKEN (or PRIMUS_NATS_USER and PRIMUS_NATS_PASSWORD) to what the "
            "server expects" if "the server says" in reason else
            "start the stack with `primus-safe up` or set PRIMUS_NATS_URL")
-    raise CliError(f"cannot reach the bus at {url} ({reason}); looked at {where}; {fix}")
+    raise CliError(f"cannot reach the bus at {shown_url(url)} ({reason}); looked at {where}; {fix}")
 
 
 async def read_bucket(bus: Bus, spec: BucketSpec[R], *, missing_ok: bool = False

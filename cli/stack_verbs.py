@@ -70,7 +70,7 @@ def up(args: argparse.Namespace) -> int:
             ready = asyncio.run(_wait_nodes_ready(stack, timeout_s=120, stop=lambda: stop))
         assert stack.nats is not None
         if not stop:
-            console.print(f"[green]up[/]: {ready} nodes ready; bus {stack.nats.url}; "
+            console.print(f"[green]up[/]: {ready} nodes ready; bus {stack.nats.public_url}; "
                           f"state {stack.state_dir}. In another shell: primus-safe submit "
                           "examples/job.yaml; primus-safe jobs. Ctrl-C stops.")
         while not stop:

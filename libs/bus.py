@@ -26,6 +26,7 @@ import contextlib
 import hashlib
 import inspect
 import json
+import re
 import ssl
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -113,6 +114,11 @@ def _header_text(value: str, limit: int) -> str:
     text = value.encode("ascii", "backslashreplace").decode()
     text = "".join(c if " " <= c <= "~" else " " for c in text)
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def shown_url(url: str) -> str:
+    """``url`` fit for a message: a password in it (``user:password@``) masked."""
+    return re.sub(r"(://[^/:@,]+):[^/@,]*@", r"\1:***@", url)
 
 
 def dlq_subject(service: str) -> str:
@@ -296,7 +302,7 @@ class Bus:
             # says more than the client's "no servers available".
             why = link.reason if link.reason and link.reason not in str(exc) else ""
             raise ConnectionError(
-                f"cannot reach NATS at {url}: {exc}{f' ({why})' if why else ''}; "
+                f"cannot reach NATS at {shown_url(url)}: {exc}{f' ({why})' if why else ''}; "
                 "start it (primus-safe up) or set PRIMUS_NATS_URL"
             ) from exc
         link.state, link.reason = "connected", ""

@@ -37,6 +37,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from libs.drivers.local import free_port, kill_node_workers, power_off, power_on_all, reap_all
 from libs.inventory import HostsFile, local_hosts
+from libs.job_credentials import issuer_public_key
 from libs.logs import get_logger
 
 STACK_FILE = "stack.json"
@@ -232,25 +233,84 @@ def wait_for_port(port: int, timeout_s: float = 10.0) -> None:
     raise TimeoutError(f"nothing listens on 127.0.0.1:{port} after {timeout_s} s")
 
 
+PLATFORM_USER = "platform"  # the embedded stack's services, CLI and tests
+SECRETS_FILE = "secrets.json"
+
+
+@dataclass(frozen=True)
+class StackSecrets:
+    """Generated once per state dir (``secrets.json``, owner-only), kept
+    across restarts so that adopted workers' job credentials stay valid."""
+
+    platform_password: str
+    job_credential_key: str
+    nats_callout_seed: str
+
+    @classmethod
+    def load_or_create(cls, state_dir: Path) -> StackSecrets:
+        path = state_dir / SECRETS_FILE
+        with contextlib.suppress(FileNotFoundError, ValueError, TypeError):
+            return cls(**json.loads(path.read_text()))
+        made = cls(platform_password=secrets.token_hex(16),
+                   job_credential_key=secrets.token_hex(32),
+                   nats_callout_seed=secrets.token_hex(32))
+        tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+        tmp.write_text(json.dumps(made.__dict__))
+        tmp.chmod(0o600)
+        os.replace(tmp, path)
+        return made
+
+
 @dataclass
 class NatsServer:
-    """A real nats-server with JetStream for the stack and the tests."""
+    """A real nats-server with JetStream for the stack and the tests: open,
+    with one shared token, or (``password``) with one platform user whose
+    login rides in ``url`` and, with ``callout_issuer``, every other client
+    sent to the auth callout (job credentials, libs/job_credentials.py)."""
 
     store_dir: Path
     port: int = 0
     token: str | None = None
     proc: subprocess.Popen[bytes] | None = None
+    password: str | None = None  # the platform user's
+    callout_issuer: str | None = None  # the auth callout's account public key
+
+    @property
+    def public_url(self) -> str:
+        """The URL without credentials (what workers and messages get)."""
+        return f"nats://127.0.0.1:{self.port}"
 
     @property
     def url(self) -> str:
-        return f"nats://127.0.0.1:{self.port}"
+        if self.password:
+            return f"nats://{PLATFORM_USER}:{self.password}@127.0.0.1:{self.port}"
+        return self.public_url
+
+    def config(self) -> str:
+        """The server's config file: JetStream, the platform user, the callout."""
+        lines = [f"listen: 127.0.0.1:{self.port}",
+                 f"jetstream {{ store_dir: {json.dumps(str(self.store_dir))} }}"]
+        if self.password:
+            lines.append("authorization {")
+            lines.append(f"  users = [ {{user: {json.dumps(PLATFORM_USER)}, "
+                         f"password: {json.dumps(self.password)}}} ]")
+            if self.callout_issuer:
+                lines.append(f"  auth_callout {{ issuer: {json.dumps(self.callout_issuer)}, "
+                             f"auth_users: [ {json.dumps(PLATFORM_USER)} ] }}")
+            lines.append("}")
+        return "\n".join(lines) + "\n"
 
     def start(self, log_path: Path | None = None) -> NatsServer:
         self.port = self.port or free_port()
         self.store_dir.mkdir(parents=True, exist_ok=True)
         args = [nats_server_binary(), "-js", "-a", "127.0.0.1", "-p", str(self.port),
                 "-sd", str(self.store_dir), "-m", "0"]
-        if self.token:
+        if self.password:
+            conf = self.store_dir.parent / "nats.conf"
+            conf.write_text(self.config())
+            conf.chmod(0o600)
+            args = [nats_server_binary(), "-c", str(conf)]
+        elif self.token:
             args += ["--auth", self.token]
         out = log_path.open("ab") if log_path else subprocess.DEVNULL
         try:
@@ -300,6 +360,7 @@ class EmbeddedStack:
     cleaned: list[int] = field(default_factory=list)  # pids of a dead owner's stack, killed
     started_at: str = ""
     lock: IO[str] | None = None  # up.lock, held while the stack lives
+    secrets: StackSecrets | None = None  # the platform login and the job credential keys
 
     def __post_init__(self) -> None:
         self.state_dir = self.state_dir.resolve()
@@ -314,6 +375,9 @@ class EmbeddedStack:
     def _service_env(self) -> dict[str, str]:
         assert self.nats is not None
         env = {k: v for k, v in os.environ.items() if not k.startswith("PRIMUS_")}
+        if self.secrets is not None:  # the scheduler answers the callout; workers get keys
+            env.update(PRIMUS_JOB_CREDENTIAL_KEY=self.secrets.job_credential_key,
+                       PRIMUS_NATS_CALLOUT_SEED=self.secrets.nats_callout_seed)
         env.update(
             PRIMUS_NATS_URL=self.nats.url,
             PRIMUS_NATS_TOKEN=self.nats.token or "",
@@ -358,7 +422,12 @@ class EmbeddedStack:
         hosts_file.write_text(json.dumps(self.hosts.model_dump(), indent=1))  # JSON is YAML
         (self.state_dir / "logs").mkdir(exist_ok=True)
         power_on_all(self.state_dir)  # a fresh start powers every local node on
-        self.nats = NatsServer(self.state_dir / "nats", token=secrets.token_hex(16))
+        # No unauthenticated client: the services log in as the platform
+        # user, each job's workers with their own credential, checked by the
+        # scheduler's auth callout.
+        self.secrets = StackSecrets.load_or_create(self.state_dir)
+        self.nats = NatsServer(self.state_dir / "nats", password=self.secrets.platform_password,
+                               callout_issuer=issuer_public_key(self.secrets.nats_callout_seed))
         self.nats.start(self.state_dir / "logs" / f"{NATS}.log")
         self.record()
         for service in SERVICES:

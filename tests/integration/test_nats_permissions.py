@@ -22,7 +22,7 @@ from nats.js import api
 from nats.js.errors import KeyNotFoundError
 from pydantic import BaseModel, ConfigDict
 
-from cli.catalog import ROLE_NAMES, ROLES, role
+from cli.catalog import NATS_USERS, ROLES, role
 from libs.bus import KV_BUCKETS, Bus
 from libs.drivers.local import free_port
 from libs.embedded import nats_server_binary, wait_for_port
@@ -75,17 +75,18 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
 def secured(tmp_path: Path) -> Iterator[SecuredNats]:
     """A nats-server whose only users are the generated ones (passwords from
     the environment, as in the chart) plus an unrestricted test admin;
-    credential-less clients are the trainer (``no_auth_user``)."""
+    no unauthenticated user (jobs log in through the auth callout:
+    tests/integration/test_job_credentials.py)."""
     port = free_port()
     # nats-server parses an environment value as a config value: one that
     # starts with a digit reads as a number, so passwords start with a letter.
-    passwords = {n: "p" + secrets.token_hex(16) for n in (*ROLE_NAMES, ADMIN)}
+    passwords = {n: "p" + secrets.token_hex(16) for n in (*NATS_USERS, ADMIN)}
     users = render_users(ROLES).replace(
         "users = [\n",
         f'users = [\n  {{user: "{ADMIN}", password: ${password_env(ADMIN)}}}\n', 1)
     store = json.dumps(str(tmp_path / "js"))
     conf = (f"listen: 127.0.0.1:{port}\njetstream {{ store_dir: {store} }}\n"
-            f"authorization {{\n{users}}}\nno_auth_user: trainer\n")
+            f"authorization {{\n{users}}}\n")
     proc = _start(conf, tmp_path, {password_env(n): p for n, p in passwords.items()})
     try:
         wait_for_port(port)
@@ -226,7 +227,7 @@ class _Anything(BaseModel):
     model_config = ConfigDict(extra="allow")
 
 
-@pytest.mark.parametrize("name", [r for r in ROLE_NAMES if r != "trainer"])
+@pytest.mark.parametrize("name", NATS_USERS)
 async def test_each_service_user_can_do_its_work(name: str, secured: SecuredNats,
                                                  admin: Bus) -> None:
     table = role(name)
@@ -309,16 +310,9 @@ async def test_a_bench_agent_is_refused_the_schedulers_subjects(
         await (await admin.kv("jobs")).get("x")
 
 
-async def test_a_training_worker_without_credentials_may_only_report(
-        secured: SecuredNats, admin: Bus) -> None:
-    nc = await nats.connect(secured.url, connect_timeout=2, max_reconnect_attempts=0)
-    try:
-        js = nc.jetstream()
-        assert (await js.publish("safe.telemetry.job.j1", b"{}", timeout=10)).seq > 0
-        with pytest.raises(nats.errors.TimeoutError):
-            await js.publish("safe.job.j1.placed", b"{}", timeout=1)
-    finally:
-        await nc.close()
+async def test_a_client_without_credentials_is_refused(secured: SecuredNats) -> None:
+    with pytest.raises(nats.errors.Error, match="Authorization Violation"):
+        await nats.connect(secured.url, connect_timeout=2, allow_reconnect=False)
 
 
 async def test_a_wrong_password_is_refused(secured: SecuredNats) -> None:
