@@ -44,8 +44,9 @@ from deploy_helpers import (
 )
 from scenarios import SCENARIOS
 
-from cli.catalog import ROLE_NAMES
-from libs.nats_permissions import password_env
+from cli.catalog import NATS_USERS
+from libs.job_credentials import issuer_public_key
+from libs.nats_permissions import CALLOUT_ISSUER_ENV, password_env
 
 
 def has_inventory(scenario: str) -> bool:
@@ -214,6 +215,8 @@ def test_the_code_accepts_the_rendered_settings(
     stand_ins = {  # what the secrets and the downward API provide at run time
         "PRIMUS_NATS_TOKEN": "t0ken",
         "PRIMUS_NATS_PASSWORD": "pw",
+        "PRIMUS_JOB_CREDENTIAL_KEY": "k3y",
+        "PRIMUS_NATS_CALLOUT_SEED": "s33d",
         "PRIMUS_CLICKHOUSE_DSN": "http://primus:pw@clickhouse:8123",
         "PRIMUS_NODE_NAME": "gpu-001",
     }
@@ -455,7 +458,8 @@ def secret_data(objects: list[dict[str, Any]]) -> dict[str, str]:
 
 def test_secret_holds_credentials_and_the_dsn(render: Renderer) -> None:
     data = secret_data(render())
-    nats_keys = {f"nats-password-{name}" for name in ROLE_NAMES}
+    nats_keys = {f"nats-password-{name}" for name in NATS_USERS} | {
+        "job-credential-key", "nats-callout-seed"}
     assert set(data) == nats_keys | {"clickhouse-password", "clickhouse-readonly-password",
                                      "clickhouse-dsn"}
     for key, value in data.items():
@@ -500,8 +504,9 @@ def test_nats_config_is_accepted_by_nats_server(
     conf = by_kind(render(values), "ConfigMap")[fullname("nats")]["data"]["nats.conf"]
     (tmp_path / "nats.conf").write_text(conf)
     referenced = {"POD_NAME"} | (
-        {password_env(name) for name in ROLE_NAMES} if mode == "users" else {"NATS_TOKEN"})
-    env = {**os.environ, **{name: "p4ssword" for name in referenced}, "POD_NAME": "nats-0"}
+        {password_env(name) for name in NATS_USERS} if mode == "users" else {"NATS_TOKEN"})
+    env = {**os.environ, **{name: "p4ssword" for name in referenced}, "POD_NAME": "nats-0",
+           CALLOUT_ISSUER_ENV: issuer_public_key("test")}
     proc = subprocess.run(
         [binary, "-c", tmp_path / "nats.conf", "-t"],
         capture_output=True,

@@ -17,11 +17,12 @@ import pytest
 from deploy_helpers import Renderer, by_kind, workloads
 from pki import make_pki
 
-from cli.catalog import ROLE_NAMES
+from cli.catalog import NATS_USERS, ROLE_NAMES
 from libs.bus import Bus
 from libs.drivers.local import free_port
 from libs.embedded import nats_server_binary, wait_for_port
-from libs.nats_permissions import password_env
+from libs.job_credentials import issuer_public_key
+from libs.nats_permissions import CALLOUT_ISSUER_ENV, password_env
 
 NATS = "primus-primus-safe-nats"
 SECRET = "primus-primus-safe-credentials"
@@ -66,13 +67,28 @@ def test_each_service_signs_in_as_its_own_user(render: Renderer) -> None:
             "name": SECRET, "key": f"nats-password-{verb}"}
         assert "PRIMUS_NATS_TOKEN" not in env
     server = env_of(by_kind(objects, "StatefulSet")[NATS])
-    for name in ROLE_NAMES:
+    for name in NATS_USERS:
         assert server[password_env(name)]["valueFrom"]["secretKeyRef"] == {
             "name": SECRET, "key": f"nats-password-{name}"}
-    # Training pods send no credentials: the server maps them to `trainer`.
+    assert "NATS_PASSWORD_TRAINER" not in server
+    # No unauthenticated user: every other login goes to the scheduler's
+    # auth callout (job credentials), whose keys it reads from the Secret.
     scheduler = env_of(workloads(objects)["scheduler"])
     assert "PRIMUS_K8S_NATS_TOKEN_SECRET" not in scheduler
-    assert "no_auth_user: trainer" in nats_conf(objects)
+    for var, key in (("PRIMUS_JOB_CREDENTIAL_KEY", "job-credential-key"),
+                     ("PRIMUS_NATS_CALLOUT_SEED", "nats-callout-seed")):
+        assert scheduler[var]["valueFrom"]["secretKeyRef"] == {"name": SECRET, "key": key}
+        for verb, workload in workloads(objects).items():
+            assert verb == "scheduler" or var not in env_of(workload)
+    conf = nats_conf(objects)
+    assert "no_auth_user" not in conf and '"trainer"' not in conf
+    assert "auth_callout {" in conf and "issuer: $NATS_CALLOUT_ISSUER" in conf
+    nats = by_kind(objects, "StatefulSet")[NATS]["spec"]["template"]["spec"]
+    assert "NATS_CALLOUT_ISSUER=$(cat /var/run/nats/callout-issuer)" in \
+        nats["containers"][0]["command"][-1]
+    init = nats["initContainers"][0]
+    assert init["env"][0]["valueFrom"]["secretKeyRef"] == {
+        "name": SECRET, "key": "nats-callout-seed"}
 
 
 def test_token_mode_shares_one_token(render: Renderer) -> None:
@@ -135,9 +151,10 @@ def test_the_rendered_server_config_works_for_real(render: Renderer, tmp_path: P
     port = free_port()
     path = tmp_path / "nats.conf"
     path.write_text(_runnable(nats_conf(render(TLS_VALUES)), tmp_path, port, pki))
-    passwords = {name: "p" + secrets.token_hex(12) for name in ROLE_NAMES}
+    passwords = {name: "p" + secrets.token_hex(12) for name in NATS_USERS}
     env = {**os.environ, "POD_NAME": "nats-0",
-           **{password_env(name): pw for name, pw in passwords.items()}}
+           **{password_env(name): pw for name, pw in passwords.items()},
+           CALLOUT_ISSUER_ENV: issuer_public_key("test")}
     log = (tmp_path / "nats.log").open("wb")
     proc = subprocess.Popen([nats_server_binary(), "-c", str(path)], env=env, stdout=log,
                             stderr=subprocess.STDOUT)
@@ -187,7 +204,7 @@ def test_the_rendered_cluster_forms_a_jetstream_cluster(
         chart_route = f"nats://{NATS}-{i}.{NATS}-headless.primus-system.svc:6222"
         assert chart_route in conf  # every peer, through the headless Service
         conf = conf.replace(chart_route, f"nats://127.0.0.1:{route}")
-    passwords = {name: "p" + secrets.token_hex(12) for name in ROLE_NAMES}
+    passwords = {name: "p" + secrets.token_hex(12) for name in NATS_USERS}
     procs = []
     try:
         for i, (client, http, route) in enumerate(ports):
@@ -200,7 +217,8 @@ def test_the_rendered_cluster_forms_a_jetstream_cluster(
                     .replace("/var/run/nats/nats.pid", str(home / "nats.pid")))
             (home / "nats.conf").write_text(mine)
             env = {**os.environ, "POD_NAME": f"nats-{i}",
-                   **{password_env(name): pw for name, pw in passwords.items()}}
+                   **{password_env(name): pw for name, pw in passwords.items()},
+                   CALLOUT_ISSUER_ENV: issuer_public_key("test")}
             log = (home / "nats.log").open("wb")
             procs.append(subprocess.Popen([nats_server_binary(), "-c", str(home / "nats.conf")],
                                           env=env, stdout=log, stderr=subprocess.STDOUT))
