@@ -185,6 +185,23 @@ def checkpoint_claim() -> Iterator[str]:
         api_client.close()
 
 
+async def register(bus: Bus, nodes: list[dict[str, Any]]) -> None:
+    """Play bootstrap's part: the cluster's nodes registered and ready (GPU
+    nodes with their AMD GPUs, CPU-only ones with one CPU slot each)."""
+    gpus = all(n["amd"] for n in nodes)
+    kv = await bus.kv("nodes")
+    for n in nodes:
+        model, count = ("MI300X", n["amd"]) if gpus else ("cpu", 1)
+        spec = {"name": n["name"], "ip": n["ip"], "gpu_model": model, "gpu_count": count,
+                "labels": {"rack": "r1"}, "roles": ["worker"], "ssh_user": None}
+        await kv.put(n["name"], json.dumps({"spec": spec, "state": "ready", "reason": "",
+                                            "registration": f"reg-{n['name']}"}).encode())
+        await bus.publish(NodeRegistered(source="test", node=n["name"], data=NodeRegisteredData(
+            ip=n["ip"], gpu_model=model, gpu_count=count, labels={"rack": "r1"})))
+        await bus.publish(NodeStateChanged(source="test", node=n["name"],
+                                           data=NodeStateData(state="ready")))
+
+
 async def beat(bus: Bus, nodes: list[str], stop: asyncio.Event) -> None:
     """Play every node's bench agent: a heartbeat a second."""
     seq = 0
@@ -259,7 +276,6 @@ async def golden_flow(core: client.CoreV1Api, nodes: list[dict[str, Any]], *, na
     -> completes -> closing the fault removes the marks. ``read(job)``: the
     job's checkpoint directory's ``resumes`` and ``step`` files."""
     workers = min(2, len(nodes) - 1)  # attempt 2 must fit without the cordoned node
-    gpus = all(n["amd"] for n in nodes)
     rdma = all(n["rdma"] for n in nodes)
     # The golden shape: Guaranteed resources, the RDMA device and GPUs where
     # the nodes have them (the platform registers CPU-only nodes with CPU slots).
@@ -274,17 +290,7 @@ async def golden_flow(core: client.CoreV1Api, nodes: list[dict[str, Any]], *, na
     rules.write_text(json.dumps({"rules": [{"kind": "worker_infra_exit", "consecutive": 1}]}))
     kube = dict(PRIMUS_DRIVER="kubernetes", PRIMUS_K8S_NAMESPACE=NS, PRIMUS_K8S_IMAGE=image,
                 KUBECONFIG=kubeconfig)
-    kv = await bus.kv("nodes")
-    for n in nodes:
-        model, count = ("MI300X", n["amd"]) if gpus else ("cpu", 1)
-        spec = {"name": n["name"], "ip": n["ip"], "gpu_model": model, "gpu_count": count,
-                "labels": {"rack": "r1"}, "roles": ["worker"], "ssh_user": None}
-        await kv.put(n["name"], json.dumps({"spec": spec, "state": "ready", "reason": "",
-                                            "registration": f"reg-{n['name']}"}).encode())
-        await bus.publish(NodeRegistered(source="test", node=n["name"], data=NodeRegisteredData(
-            ip=n["ip"], gpu_model=model, gpu_count=count, labels={"rack": "r1"})))
-        await bus.publish(NodeStateChanged(source="test", node=n["name"],
-                                           data=NodeStateData(state="ready")))
+    await register(bus, nodes)
     stop_beats = asyncio.Event()
     beats = asyncio.create_task(beat(bus, [n["name"] for n in nodes], stop_beats))
     bootstrap = await quarantine_on_fault(bus)

@@ -14,16 +14,24 @@ kubelet's own behaviour) is left to the real-cluster test."""
 
 from __future__ import annotations
 
+import asyncio
+import base64
+import json
+import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 from kubernetes import client
 
 from libs.bus import Bus
 from libs.drivers.k8s_manifests import checkpoint_subpath
+from libs.events import JobSpec
+from services.scheduler.protocol import ADMISSION
 from tests.drivers.k8s_fake_api import FakeKubeApi, condition_node
 from tests.drivers.k8s_kubelet import FakeKubelet
-from tests.drivers.test_k8s_cluster import NS, golden_flow
+from tests.drivers.test_k8s_cluster import NS, golden_flow, register
+from tests.helpers import run_cli, start_service, stop_process, until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 
@@ -75,4 +83,73 @@ async def test_failover_cordons_and_the_job_resumes_from_the_shared_claim_on_oth
     finally:
         kubelet.stop()
         api_client.close()
+        api.stop()
+
+
+async def test_a_job_whose_secret_is_missing_waits_pending_and_runs_once_it_exists(
+        nats_url: str, bus: Bus, tmp_path: Path) -> None:
+    """Nothing is created while the Secret is missing; explain says why; no
+    retry is spent; the job runs once an operator creates the Secret."""
+    api = FakeKubeApi().start()
+    kubelet = FakeKubelet(api, tmp_path / "cluster").start()
+    api.put_node(condition_node("node-a"))
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(KUBECONFIG.format(url=api.url, ns=NS))
+    await register(bus, [{"name": "node-a", "ip": "10.0.0.1", "amd": 0, "rdma": 0}])
+    scheduler = start_service("scheduler", [], nats_url, tmp_path, PRIMUS_DRIVER="kubernetes",
+                              PRIMUS_K8S_NAMESPACE=NS, PRIMUS_K8S_IMAGE="busybox:1.36",
+                              KUBECONFIG=str(kubeconfig))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PRIMUS_")}
+    env.update(PRIMUS_NATS_URL=nats_url)
+    out_file = tmp_path / "token.txt"
+    job_file = tmp_path / "job.yaml"
+    job_file.write_text(json.dumps({
+        "name": "needs-secret", "workers": 1, "gpus_per_worker": 1, "max_retry": 0,
+        "command": ["sh", "-c", f'echo "$HF_TOKEN" > {out_file}'],
+        "secrets": [{"name": "hf", "env": {"HF_TOKEN": "token"}}]}))
+    jobs = await bus.kv("jobs")
+    try:
+        await until(lambda: bus.request(ADMISSION.subject, {"spec": JobSpec(
+            name="probe", workers=1, gpus_per_worker=1, command=["x"]).model_dump(
+            mode="json")}, timeout_s=1), "the scheduler leader to answer admission")
+        out = await asyncio.to_thread(run_cli, "submit", str(job_file), env=env)
+        assert out.returncode == 0, out.stderr
+        assert "names no shared checkpoint volume" in out.stderr  # Kubernetes, no claim
+        job = out.stdout.strip()
+
+        async def record() -> dict[str, Any]:
+            return json.loads((await jobs.get(job)).value)
+
+        async def blocked() -> dict[str, Any] | None:
+            r = await record()
+            return r if r["status"] == "pending" and r["blocked"] else None
+
+        r = await until(blocked, "the launch to be refused", timeout=60)
+        assert r["blocked"] == (f"Secret hf not found in namespace {NS} (secrets[0] of the "
+                                "job)")
+        assert r["retries"] == 0
+
+        async def explained() -> str | None:
+            text = (await asyncio.to_thread(run_cli, "explain", job, env=env)).stdout
+            return text if "tried again at" in text else None
+
+        text = await until(explained, "explain to say why the job waits", timeout=30)
+        assert "waits: position 1 in workspace default: cannot launch: Secret hf not found " \
+               f"in namespace {NS} (secrets[0] of the job); tried again at" in text
+        assert not [c for c in api.requests(method="POST")
+                    if c.body["metadata"]["name"].startswith("needs-secret")
+                    or c.body["metadata"]["name"].startswith("ps-needs-secret")]
+        api.secrets["hf"] = {"apiVersion": "v1", "kind": "Secret",
+                             "metadata": {"name": "hf", "namespace": NS},
+                             "data": {"token": base64.b64encode(b"hf_abc").decode()}}
+
+        async def completed() -> dict[str, Any] | None:
+            r = await record()
+            return r if r["status"] == "completed" else None
+
+        r = await until(completed, "the job to run once the Secret exists", timeout=90)
+        assert r["retries"] == 0 and out_file.read_text().strip() == "hf_abc"
+    finally:
+        await asyncio.to_thread(stop_process, scheduler, tmp_path / "scheduler.log")
+        kubelet.stop()
         api.stop()
