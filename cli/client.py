@@ -157,15 +157,30 @@ def _admitted(answer: AdmissionReply, path: str) -> None:
     if answer.verdict == "refused":
         field = answer.field or ""
         where = f"field {field} (not set in the file): " if field else ""
-        text = Path(path).read_text(errors="replace").splitlines()
-        for number, line in enumerate(text, 1):
-            if field and re.match(rf"\s*{re.escape(field)}\s*:", line):
-                where = f"line {number}, field {field}: "
-                break
+        number = field_line(Path(path).read_text(errors="replace"), field)
+        if number is not None:
+            where = f"line {number}, field {field}: "
         raise CliError(f"{path}: {where}refused: {answer.reason}")
+    for warning in answer.warnings:
+        print(f"primus-safe submit: warning: {warning}", file=sys.stderr)
     if answer.verdict == "unschedulable":
         print(f"primus-safe submit: accepted as unschedulable: {answer.reason}; it waits for "
               f"the cluster to grow and does not hold up the jobs behind it", file=sys.stderr)
+
+
+def field_line(text: str, field: str) -> int | None:
+    """The line of a dotted field (``resources.memory``, ``volumes.0.host_path``)
+    in a YAML job file: each name is looked for after its parent's line;
+    list indexes are skipped (the item's key follows its parent)."""
+    number, names = 0, [p for p in field.split(".") if p and not p.isdigit()]
+    lines = text.splitlines()
+    for name in names:
+        pattern = re.compile(rf"^[\s-]*{re.escape(name)}\s*:|[{{,]\s*{re.escape(name)}\s*:")
+        found = next((i for i in range(number, len(lines)) if pattern.search(lines[i])), None)
+        if found is None:
+            return None
+        number = found
+    return number + 1 if names else None
 
 
 def resolve_paths(spec: JobSpec, job_file: Path) -> JobSpec:
@@ -180,7 +195,8 @@ def resolve_paths(spec: JobSpec, job_file: Path) -> JobSpec:
 
 async def submit(path: str) -> str:
     """Validate a job file and queue it; returns the new job id."""
-    spec = resolve_paths(load_model(path, JobSpec), Path(path))
+    written = load_model(path, JobSpec)
+    spec = resolve_paths(written, Path(path))
     job = f"{check_key(spec.name, 'job name')[:40]}-{uuid.uuid4().hex[:6]}"
     bus = await connect(Settings())
     try:
@@ -198,6 +214,9 @@ async def submit(path: str) -> str:
                   f"({answer.error}); submitting anyway", file=sys.stderr)
         elif isinstance(answer, AdmissionReply):
             _admitted(answer, path)
+            if answer.driver == "kubernetes":
+                # Workers run in their image: its paths are not this machine's.
+                spec = written
         await bus.publish(JobSubmitted(source="cli", job=job, data=JobSubmittedData(spec=spec)))
     finally:
         await bus.close()

@@ -45,6 +45,7 @@ from libs.job_credentials import credential
 from libs.logs import get_logger
 from libs.tasks import cancel_and_wait
 from libs.worker_env import WorkerEnv
+from libs.workload import kubernetes_only
 
 # How long a relaunch waits for a rank that an earlier driver was starting.
 INTENT_WAIT_S = 5.0
@@ -365,6 +366,12 @@ class LocalDriver:
             worker.pid_file.unlink()
         with contextlib.suppress(ValueError):
             self._workers.get(worker.job, []).remove(worker)
+
+    def ignored(self, spec: JobSpec) -> list[str]:
+        """Processes on this machine: no image, pod resources, volumes,
+        secrets or node constraints; only ``env`` (network defaults
+        included) reaches the workers."""
+        return kubernetes_only(spec)
 
     async def stop(self, job: str, *, grace_s: float = 10.0) -> None:
         workers = list(self._workers.get(job, []))

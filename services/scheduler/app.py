@@ -31,12 +31,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import time
 from collections.abc import AsyncIterator
 from typing import Any
 
 from libs.bus import Bus
-from libs.drivers.base import ClusterDriver, NodeWorkers, NodeWorkersRequest
+from libs.drivers.base import ClusterDriver, LaunchRefused, NodeWorkers, NodeWorkersRequest
 from libs.drivers.local import LocalDriver
 from libs.events import (
     Event,
@@ -46,6 +47,7 @@ from libs.events import (
     JobPendingData,
     JobRecover,
     JobResumeRequested,
+    JobSpec,
     JobStopRequested,
     JobSubmitted,
     NodeRegistered,
@@ -61,7 +63,7 @@ from libs.settings import Settings
 from libs.tasks import cancel_and_wait
 from libs.wiring import Wiring, wire
 from services.scheduler import config as scheduler_config
-from services.scheduler import lifecycle
+from services.scheduler import lifecycle, workload
 from services.scheduler.announcements import SOURCE, announcement, end_of
 from services.scheduler.callout import AuthCallout
 from services.scheduler.policy import admission, schedule
@@ -122,7 +124,7 @@ class Scheduler:
         self._log = get_logger()  # bound after run_service configured logging
         self.kv = await bus.records(JOBS)
         if self.driver is None:  # now, so that a bad driver setting fails the start
-            self.driver = make_driver(self.settings, bus)
+            self.driver = make_driver(self.settings, bus, self.limits)
         if self.callout is not None:
             await self.callout.start(bus)
         self.election = LeaderElection.for_service(bus, "scheduler", self.settings)
@@ -138,7 +140,7 @@ class Scheduler:
         self.state, self._shown = SchedulerState(), {}
         self._fleet_now = None
         if self._own_driver and self._driver_used:
-            self.driver = make_driver(self.settings, self.bus)
+            self.driver = make_driver(self.settings, self.bus, self.limits)
         self._driver_used = True
         await self._rebuild(self.bus)
         # The leader's consumer and admission endpoint (it alone has the
@@ -228,10 +230,13 @@ class Scheduler:
         async with self._handling():
             if event.job in self.state.jobs:  # idempotent on redelivery
                 return
-            job = JobRecord(id=event.job, spec=event.data.spec,
-                            submitted_at=event.time.timestamp())
+            resolved = self._resolve(event.data.spec)
+            job = JobRecord(id=event.job, spec=resolved.spec or event.data.spec,
+                            submitted_at=event.time.timestamp(),
+                            notes=self._ignored(resolved.spec))
             self.state.jobs[job.id] = job
-            verdict = self._admit(job)
+            verdict = (self._admit(job) if resolved.spec is not None
+                       else admission.Admission("refused", resolved.reason, resolved.field))
             if verdict.verdict == "refused":
                 self._log.warning("job refused", job=job.id, reason=verdict.reason)
                 await self._apply(job, lifecycle.Refuse(verdict.reason))
@@ -328,6 +333,10 @@ class Scheduler:
             await self.driver.launch(job.id, job.attempt, job.spec, job.slots)
         except NotLeader:
             raise
+        except LaunchRefused as exc:  # nothing created: wait, no retry spent
+            self._log.warning("launch refused; the job waits", job=job.id,
+                              attempt=job.attempt, reason=str(exc))
+            await self._apply(job, lifecycle.LaunchBlocked(str(exc)))
         except Exception as exc:  # the cluster refused: end this attempt now
             self._log.exception("launch failed", job=job.id, attempt=job.attempt)
             await self._apply(job, lifecycle.LaunchFailed(str(exc)))
@@ -361,13 +370,36 @@ class Scheduler:
         return admission.admit(policy_job(job), workspaces, self._fleet(),
                                self.config.priorities)
 
+    def _resolve(self, spec: JobSpec) -> workload.Resolution:
+        """The job with its workspace's workload defaults, or why its
+        workspace's limits refuse it (an unknown workspace is admission's)."""
+        ws = next((w for w in self.config.workspaces if w.name == spec.workspace), None)
+        if ws is None:
+            return workload.Resolution(spec)
+        return workload.resolve(spec, ws, self.config.workload,
+                                kubernetes=self.settings.driver == "kubernetes",
+                                fallback_checkpoint_pvc=self.settings.k8s_checkpoint_pvc)
+
+    def _ignored(self, spec: JobSpec | None) -> list[str]:
+        """What the driver will not honour of ``spec``, said once (explain)."""
+        if spec is None or self.driver is None:
+            return []
+        fields = self.driver.ignored(spec)
+        return [f"the {self.settings.driver} driver ignores {', '.join(fields)} (honoured on "
+                "Kubernetes only)"] if fields else []
+
     async def on_admission(self, request: AdmissionRequest) -> AdmissionReply:
         """``primus-safe submit`` asks before it publishes: can this job run?"""
         self._fence()  # a deposed leader does not answer for the cluster
-        verdict = self._admit(JobRecord(id="(submit)", spec=request.spec,
+        resolved = self._resolve(request.spec)
+        if resolved.spec is None:
+            return AdmissionReply(verdict="refused", reason=resolved.reason,
+                                  field=resolved.field, driver=self.settings.driver)
+        verdict = self._admit(JobRecord(id="(submit)", spec=resolved.spec,
                                         submitted_at=time.time()))
         return AdmissionReply(verdict=verdict.verdict, reason=verdict.reason,
-                              field=verdict.field)
+                              field=verdict.field, driver=self.settings.driver,
+                              warnings=resolved.warnings + self._ignored(resolved.spec))
 
     async def on_node_workers(self, request: NodeWorkersRequest) -> NodeWorkers:
         """Failover asks before it evacuates a node whose agent is silent:
@@ -423,8 +455,10 @@ class Scheduler:
                               lifecycle.Preempt(preemption.preemptor))
         for job_id, slots in result.placements.items():
             self._shown.pop(job_id, None)
+            models = {n: self.state.nodes[n].spec.gpu_model for n, _ in slots
+                      if n in self.state.nodes}
             await self._apply(self.state.jobs[job_id], lifecycle.Placed(
-                tuple(worker_slots(slots))))
+                tuple(worker_slots(slots, models))))
         for job_id, pending in {**result.pending, **held}.items():
             await self._show_pending(self.state.jobs[job_id], pending.position, pending.reason,
                                      pending.code)
@@ -521,8 +555,12 @@ class Scheduler:
                 "nodes_ready": ready, **leadership}
 
 
-def make_driver(settings: Settings, bus: Bus) -> ClusterDriver:
-    """The driver the settings name: local processes, or pods via the API."""
+def make_driver(settings: Settings, bus: Bus,
+                limits: lifecycle.Limits | None = None) -> ClusterDriver:
+    """The driver the settings name: local processes, or pods via the API.
+    With a job credential key, workers log in to NATS as their job."""
+    key = settings.job_credential_key
+    secret = key.get_secret_value().encode() if key else None
     if settings.driver == "kubernetes":
         from libs.drivers.kubernetes import KubernetesDriver, KubernetesDriverConfig
 
@@ -533,9 +571,14 @@ def make_driver(settings: Settings, bus: Bus) -> ClusterDriver:
             namespace=settings.k8s_namespace, image=settings.k8s_image,
             gpu_resource=settings.k8s_gpu_resource, checkpoint_pvc=settings.k8s_checkpoint_pvc,
             service_account=settings.k8s_service_account, master_port=settings.k8s_master_port,
-            nats_token_secret=settings.k8s_nats_token_secret)
-        return KubernetesDriver(config, bus.publish, nats_url=settings.nats_url)
-    key = settings.job_credential_key
+            # An eviction or drain gives a worker as long to checkpoint as
+            # the platform's own stops and preemptions do.
+            termination_grace_s=math.ceil(max(limits.stop_grace_s, limits.preemption_grace_s))
+            if limits else 30,
+            nats_token_secret=settings.k8s_nats_token_secret,
+            job_credentials=key is not None)
+        return KubernetesDriver(config, bus.publish, nats_url=settings.nats_url,
+                                job_credential_key=secret)
     return LocalDriver(settings.state_dir, bus.publish, nats_url=settings.nats_url,
                        nats_token=settings.nats_token,
-                       job_credential_key=key.get_secret_value().encode() if key else None)
+                       job_credential_key=secret)
