@@ -2,7 +2,9 @@
 and hear about its workers. The Kubernetes driver and the LocalDriver (named
 nodes on this machine) both implement it; worker lifecycle comes back as
 ``worker.started`` / ``worker.exited`` events handed to a callback that the
-hosting service publishes."""
+hosting service publishes. The node half (cordon and taint a node while a
+fault is open, watch node conditions) is ``NodeDriver`` in
+``libs.drivers.nodes``; failover hosts it."""
 
 from __future__ import annotations
 
@@ -11,8 +13,12 @@ from typing import Protocol
 
 from pydantic import BaseModel, Field
 
+from libs.drivers.nodes import NodeDriver, NodeUpdate  # the node half: failover hosts it
 from libs.events import Event, JobSpec, WorkerSlot
 from libs.routes import Endpoint, Reply, query
+
+__all__ = ["NODE_WORKERS", "ClusterDriver", "EventSink", "LaunchRefused", "NodeDriver",
+           "NodeUpdate", "NodeWorkers", "NodeWorkersRequest"]
 
 EventSink = Callable[[Event], Awaitable[None]]
 

@@ -49,6 +49,7 @@ from libs.drivers.k8s_manifests import (
     Needed,
     WorkerPod,
     credential_secret,
+    credential_secret_name,
     gang_manifests,
     job_selector,
     missing,
@@ -194,10 +195,9 @@ class KubernetesDriver:
         await _in_threads(self._delete, [("service", s["metadata"]["name"], None)
                                          for s in services["items"]])
         if self.config.job_credentials:
-            # The next attempt's launch creates it again; an ended job's is gone.
-            secrets = await asyncio.to_thread(self._list, "secret", selector)
-            await _in_threads(self._delete, [("secret", s["metadata"]["name"], None)
-                                             for s in secrets["items"]])
+            # By its name, so the scheduler never lists (reads) other Secrets;
+            # the next attempt's launch creates it again.
+            await asyncio.to_thread(self._delete, "secret", credential_secret_name(job), None)
         deadline = time.monotonic() + grace + self.stop_wait_s
         while True:
             pods = await asyncio.to_thread(self._list, "pod", selector)
@@ -338,7 +338,6 @@ class KubernetesDriver:
     def _list(self, kind: str, selector: str) -> dict[str, Any]:
         ns = self.config.namespace
         lister = {"service": self._core.list_namespaced_service,
-                  "secret": self._core.list_namespaced_secret,
                   "pod": self._core.list_namespaced_pod}[kind]
         resp = lister(ns, label_selector=selector, _preload_content=False)
         return json.loads(resp.data)
