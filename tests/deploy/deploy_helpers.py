@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import subprocess
 from collections.abc import Callable
 from pathlib import Path
@@ -101,3 +102,8 @@ def mounted_file(workload: dict[str, Any], path: str) -> tuple[dict[str, Any], s
         if path.startswith(prefix):
             return volumes[mount["name"]], path[len(prefix) :]
     raise AssertionError(f"{path} is not mounted")
+
+
+def interpolate(value: str) -> str:
+    """Compose's ${VAR:-default} with no VAR set: the default; ``$$`` is a ``$``."""
+    return re.sub(r"\$\{[A-Z_]+:-([^}]*)\}", r"\1", value).replace("$$", "$")

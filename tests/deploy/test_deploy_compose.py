@@ -9,7 +9,6 @@ from __future__ import annotations
 import ipaddress
 import json
 import os
-import re
 import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any
@@ -17,7 +16,7 @@ from typing import Any
 import jsonschema
 import pytest
 import yaml
-from deploy_helpers import ALL_VERBS, DEPLOYMENT_VERBS, PRIMUS_ENV, REPO, parse_cli
+from deploy_helpers import ALL_VERBS, DEPLOYMENT_VERBS, PRIMUS_ENV, REPO, interpolate, parse_cli
 
 COMPOSE_FILE = REPO / "docker-compose.yml"
 SCHEMA_FILE = Path(__file__).with_name("compose-spec.json")
@@ -56,14 +55,15 @@ def test_compose_file_matches_the_compose_spec(compose: dict[str, Any]) -> None:
 
 
 def test_the_whole_stack_is_there(services: dict[str, dict[str, Any]]) -> None:
-    assert set(services) == {"nats", "clickhouse", "grafana", *DEPLOYMENT_VERBS, *AGENTS}
+    assert set(services) == {"nats", "nats-callout-issuer", "clickhouse", "grafana",
+                             *DEPLOYMENT_VERBS, *AGENTS}
 
 
 def test_nats_runs_jetstream(services: dict[str, dict[str, Any]]) -> None:
     nats = services["nats"]
     assert nats["image"].startswith("nats:")
-    assert "-js" in nats["command"]
-    assert any(arg.startswith("--auth=${PRIMUS_NATS_TOKEN") for arg in nats["command"])
+    assert nats["command"] == ["--config", "/etc/nats/nats.conf"]
+    assert "jetstream" in compose_nats_conf(nats_compose())
     assert "js-enabled-only" in " ".join(nats["healthcheck"]["test"])
 
 
@@ -171,9 +171,12 @@ def test_agents_are_the_nodes(services: dict[str, dict[str, Any]]) -> None:
         ]  # fmt: skip
 
 
-def interpolate(value: str) -> str:
-    """Compose's ${VAR:-default} with no VAR set: the default."""
-    return re.sub(r"\$\{[A-Z_]+:-([^}]*)\}", r"\1", value)
+def nats_compose() -> dict[str, Any]:
+    return yaml.safe_load(COMPOSE_FILE.read_text())
+
+
+def compose_nats_conf(compose: dict[str, Any]) -> str:
+    return interpolate(compose["configs"]["nats-conf"]["content"])
 
 
 def test_the_code_accepts_the_settings(
@@ -186,7 +189,11 @@ def test_the_code_accepts_the_settings(
         for var, value in service["environment"].items():
             monkeypatch.setenv(var, interpolate(value))
         parsed = settings.Settings()
-        assert parsed.nats_token == "primus-dev-token", name
+        assert parsed.nats_token is None, name  # no shared token: the platform login
+        assert (parsed.nats_user, parsed.nats_password) == ("platform", "primus-dev-password")
+        if name == "scheduler":  # it mints job credentials and answers the callout
+            assert parsed.job_credential_key is not None
+            assert parsed.nats_callout_seed is not None
         assert parsed.clickhouse_dsn == "http://primus:primus-dev-password@clickhouse:8123", name
 
 
