@@ -23,6 +23,7 @@ import yaml
 from libs.drivers.k8s_manifests import (
     KubernetesDriverConfig,
     Needed,
+    credential_secret,
     gang_manifests,
     gpu_resource,
     missing,
@@ -31,6 +32,7 @@ from libs.drivers.k8s_manifests import (
 )
 from libs.events import JobSpec, WorkerSlot
 from libs.specs import load_model
+from libs.worker_env import WORKER_ENV_USER
 from services.scheduler.config import load
 from services.scheduler.workload import resolve
 
@@ -111,6 +113,19 @@ def test_golden_manifest_is_checked_in() -> None:
 def test_every_variant_validates_strict(version: str, variant: str) -> None:
     for obj in render(VARIANTS[variant]):
         assert kubernetes_validate.validate(obj, version, strict=True) == version
+
+
+@pytest.mark.parametrize("version", K8S_VERSIONS)
+def test_pods_with_job_credentials_and_their_secret_validate_strict(version: str) -> None:
+    config = CONFIG.model_copy(update={"job_credentials": True})
+    service, pods = gang_manifests("j", 1, golden_spec(), SLOTS, config=config,
+                                   nats_url="nats://n:4222")
+    secret = credential_secret("j", "job:j", "pw", config)
+    for obj in [service, *pods, secret]:
+        assert kubernetes_validate.validate(obj, version, strict=True) == version
+    env = {e["name"]: e for e in container(pods[0])["env"]}
+    assert env[WORKER_ENV_USER]["valueFrom"]["secretKeyRef"] == {
+        "name": secret["metadata"]["name"], "key": "user"}
 
 
 @pytest.mark.parametrize("version", K8S_VERSIONS)
