@@ -18,6 +18,11 @@ Choices an operator should know:
 - A pod deleted while no driver watched (found missing when a new leader
   launches its attempt again) is reported ``lost``; it is not created again,
   and the scheduler runs the gang as a new attempt without spending a retry.
+- Before anything is created, the Secrets and claims a job names are read
+  (and the nodes' labels for its node_selector): a missing one raises
+  ``LaunchRefused`` and the scheduler keeps the job pending. With job
+  credentials, each job's NATS login is a Secret of its own, deleted (by
+  name) when the job stops.
 - ``close()`` only stops the watch. Pods outlive the scheduler process on
   purpose: a scheduler restart or leader change must not kill training; a
   new driver's first list reports what happened meanwhile (same event ids,
@@ -140,12 +145,15 @@ class KubernetesDriver:
         self._thread.start()
 
     async def launch(self, job: str, attempt: int, spec: JobSpec, slots: list[WorkerSlot]) -> None:
-        """Create the service, then the pods; any failure removes the gang and
-        raises. A service that exists already means this attempt was launched
-        before (a new leader launches it again): its pods are not created
-        again, and one that is gone (deleted while no driver watched) is
-        reported ``lost``, so the gang runs again as a new attempt instead of
-        a rank starting twice under ids that de-duplication swallows."""
+        """Check that every Secret, claim and node label the pods need is
+        there (``LaunchRefused`` when not: nothing is created), then create
+        the service, the job's NATS credential Secret and the pods; any
+        failure removes what was created and raises. A service that exists
+        already means this attempt was launched before (a new leader
+        launches it again): its pods are not created again, and one that is
+        gone (deleted while no driver watched) is reported ``lost``, so the
+        gang runs again as a new attempt instead of a rank starting twice
+        under ids that de-duplication swallows."""
         await self.start()
         service, pods = gang_manifests(job, attempt, spec, slots, config=self.config,
                                        nats_url=self.nats_url)
