@@ -7,7 +7,10 @@ the bus with the collector's named queries (never SQL from here).
   one timeline;
 - ``lens alerts [--job J] [--node N] [--open]`` and ``lens logs ...``;
 - ``lens report --job J -o report.html``: a self-contained HTML report with
-  plots (see ``lens_report``).
+  plots (see ``lens_report``);
+- ``lens parse FILE [--format auto|NAME] [--formats MORE.yaml]``: what Lens
+  reads from a training log (``libs/log_formats``), to check a format before
+  submitting; local, no bus.
 
 Every verb takes ``--json``.
 """
@@ -48,13 +51,58 @@ def add_parser(sub: Any) -> None:
             s.add_argument("--open", action="store_true", help="only alerts still open")
         if verb == "events":
             s.add_argument("--step", type=int, default=10, help="seconds per metric row")
+    s = lsub.add_parser("parse", help="the telemetry Lens reads from a training log file")
+    s.add_argument("file", help="a log file, or - for standard input")
+    s.add_argument("--format", default="auto", help="auto (detect) or a format name")
+    s.add_argument("--formats", action="append", default=[], metavar="FILE",
+                   help="more formats (YAML like libs/log_formats.yaml); may repeat")
+    s.add_argument("--json", action="store_true")
     s = lsub.add_parser("report", help="a self-contained HTML report of a job, with plots")
     s.add_argument("--job", required=True)
     s.add_argument("-o", "--output", default=None, help="default: report-<job>.html")
     s.add_argument("--json", action="store_true", help="print the data instead")
 
 
+def parse_log(args: argparse.Namespace) -> int:
+    """``lens parse``: one record per line that carries telemetry."""
+    import sys
+
+    from libs.log_formats import Parser
+    from libs.specs import SpecError
+
+    try:
+        parser = Parser.load(*(Path(f) for f in args.formats))
+    except SpecError as exc:
+        raise CliError(str(exc)) from None
+    if args.format != "auto" and args.format not in parser.names:
+        raise CliError(f"unknown log format {args.format!r}: use auto or one of "
+                       f"{', '.join(parser.names)} (or add one with --formats FILE)")
+    try:
+        raw = sys.stdin.buffer.read() if args.file == "-" else Path(args.file).read_bytes()
+    except OSError as exc:
+        raise CliError(f"{args.file}: cannot read it ({exc.strerror or exc})") from None
+    # Logs are not always UTF-8 (a progress bar cut mid-character, binary dumps).
+    lines = raw.decode("utf-8", errors="backslashreplace").splitlines()
+    name = parser.detect(lines) if args.format == "auto" else args.format
+    records = [] if name is None else parser.parse_lines(lines, name)
+    if args.json:
+        print(json.dumps({"format": name, "records": [r.as_dict() for r in records]}, indent=2))
+        return 0
+    if name is None:
+        print(f"{args.file}: no known training-log format in its first lines "
+              f"(known: {', '.join(parser.names)}); try --format NAME", file=sys.stderr)
+        return 1
+    print(f"format: {name}; {len(records)} of {len(lines)} line(s) carry telemetry")
+    for r in records:
+        fields = " ".join(f"{k}={v}" for k, v in r.as_dict().items()
+                          if k not in ("format", "line") and v is not None)
+        print(f"line {r.line_no}: {fields}")
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
+    if args.lens_verb == "parse":
+        return parse_log(args)
     result = asyncio.run(fetch(args))
     if args.lens_verb == "report" and not args.json:
         from cli.lens_report import render
