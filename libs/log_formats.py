@@ -72,7 +72,9 @@ class Rule(BaseModel):
     kind: Literal["progress", "checkpoint"] = "progress"
     match: str = Field(description="the line this rule reads; may capture (?P<iteration>...) "
                        "and, for a checkpoint, (?P<path>...)")
-    fields: dict[str, FieldRule] = Field(default_factory=dict)
+    fields: dict[str, FieldRule | list[FieldRule]] = Field(
+        default_factory=dict, description="a field's pattern, or several tried in order (the "
+        "first that matches gives the value: `s/it` and `it/s` progress bars)")
 
     @field_validator("match")
     @classmethod
@@ -82,7 +84,8 @@ class Rule(BaseModel):
 
     @field_validator("fields")
     @classmethod
-    def _known(cls, value: dict[str, FieldRule]) -> dict[str, FieldRule]:
+    def _known(cls, value: dict[str, FieldRule | list[FieldRule]]
+               ) -> dict[str, FieldRule | list[FieldRule]]:
         unknown = sorted(set(value) - set(FIELDS))
         if unknown:
             raise ValueError(f"unknown field(s) {', '.join(unknown)}: use {', '.join(FIELDS)}")
@@ -153,8 +156,9 @@ def number(text: str) -> float:
 class _Compiled:
     name: str
     detect: tuple[re.Pattern[str], ...]
-    rules: tuple[tuple[Rule, re.Pattern[str], tuple[tuple[str, FieldRule,
-                                                          re.Pattern[str]], ...]], ...]
+    rules: tuple[tuple[Rule, re.Pattern[str],
+                       tuple[tuple[str, tuple[tuple[FieldRule, re.Pattern[str]], ...]], ...]],
+                 ...]
 
 
 class Parser:
@@ -164,8 +168,10 @@ class Parser:
         self.formats = formats
         self._compiled = {
             name: _Compiled(name, tuple(_compile(p) for p in f.detect), tuple(
-                (r, _compile(r.match), tuple((k, fr, _compile(fr.pattern))
-                                             for k, fr in r.fields.items()))
+                (r, _compile(r.match), tuple(
+                    (k, tuple((fr, _compile(fr.pattern))
+                              for fr in (frs if isinstance(frs, list) else [frs])))
+                    for k, frs in r.fields.items()))
                 for r in f.rules))
             for name, f in formats.formats.items()}
 
@@ -208,17 +214,10 @@ class Parser:
                 continue
             groups = found.groupdict()
             values: dict[str, float] = {}
-            for key, fr, pattern in fields:
-                m = pattern.search(text)
-                if m is None:
-                    continue
-                try:
-                    value = number(m.group(1))
-                except ValueError:
-                    continue
-                if fr.invert:
-                    value = 1.0 / value if value else math.inf
-                values[key] = value * fr.scale
+            for key, choices in fields:
+                value = _first(text, choices)
+                if value is not None:
+                    values[key] = value
             iteration = groups.get("iteration")
             return Parsed(format=fmt, kind=rule.kind, line_no=line_no,
                           iteration=int(number(iteration)) if iteration else None,
@@ -235,6 +234,22 @@ class Parser:
             raise KeyError(f"unknown log format {name!r}: known are {', '.join(self.names)}")
         return [p for i, line in enumerate(lines, 1)
                 if (p := self.parse(line, name, i)) is not None]
+
+
+def _first(text: str, choices: tuple[tuple[FieldRule, re.Pattern[str]], ...]) -> float | None:
+    """The value of the first pattern that matches and reads as a number."""
+    for fr, pattern in choices:
+        m = pattern.search(text)
+        if m is None:
+            continue
+        try:
+            value = number(m.group(1))
+        except ValueError:
+            continue
+        if fr.invert:
+            value = 1.0 / value if value else math.inf
+        return value * fr.scale
+    return None
 
 
 def clean(line: str) -> str:
