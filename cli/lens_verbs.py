@@ -10,7 +10,10 @@ the bus with the collector's named queries (never SQL from here).
   plots (see ``lens_report``);
 - ``lens parse FILE [--format auto|NAME] [--formats MORE.yaml]``: what Lens
   reads from a training log (``libs/log_formats``), to check a format before
-  submitting; local, no bus.
+  submitting; local, no bus;
+- ``lens checkpoint DIR [--world-size N]``: the newest complete checkpoint
+  in a job's checkpoint directory, whatever framework wrote it
+  (``libs/checkpoint_layouts``), and the ones still being written; local.
 
 Every verb takes ``--json``.
 """
@@ -57,6 +60,11 @@ def add_parser(sub: Any) -> None:
     s.add_argument("--formats", action="append", default=[], metavar="FILE",
                    help="more formats (YAML like libs/log_formats.yaml); may repeat")
     s.add_argument("--json", action="store_true")
+    s = lsub.add_parser("checkpoint", help="the newest complete checkpoint in a directory")
+    s.add_argument("dir", help="the job's checkpoint directory")
+    s.add_argument("--world-size", type=int, default=None,
+                   help="ranks of the job (judges the platform SDK's own layout)")
+    s.add_argument("--json", action="store_true")
     s = lsub.add_parser("report", help="a self-contained HTML report of a job, with plots")
     s.add_argument("--job", required=True)
     s.add_argument("-o", "--output", default=None, help="default: report-<job>.html")
@@ -100,9 +108,41 @@ def parse_log(args: argparse.Namespace) -> int:
     return 0
 
 
+def show_checkpoint(args: argparse.Namespace) -> int:
+    """``lens checkpoint``: what a re-placed job would resume from."""
+    from dataclasses import asdict
+
+    from libs.checkpoint_layouts import in_progress, newest, problems, resume_step, scan
+
+    directory = Path(args.dir)
+    if not directory.is_dir():
+        raise CliError(f"{directory}: not a directory (give the job's checkpoint directory)")
+    listing = scan(directory)
+    found = newest(listing, world_size=args.world_size)
+    doc = {"directory": str(directory.resolve()),
+           "newest": asdict(found) if found else None, "resume_step": resume_step(found),
+           "in_progress": [asdict(f) for f in in_progress(listing, world_size=args.world_size)],
+           "problems": problems(listing, world_size=args.world_size)}
+    if args.json:
+        print(json.dumps(doc, indent=2))
+        return 0
+    if found is None:
+        print(f"{directory}: no complete checkpoint (a job would start from scratch)")
+    else:
+        print(f"newest complete: {found.path} ({found.layout}, step {found.step}); "
+              f"resumes at step {doc['resume_step']}")
+    for f in doc["in_progress"]:
+        print(f"being written: {f['path']} ({f['layout']}, step {f['step']})")
+    for problem in doc["problems"]:
+        print(f"problem: {problem}")
+    return 0 if found is not None else 1
+
+
 def run(args: argparse.Namespace) -> int:
     if args.lens_verb == "parse":
         return parse_log(args)
+    if args.lens_verb == "checkpoint":
+        return show_checkpoint(args)
     result = asyncio.run(fetch(args))
     if args.lens_verb == "report" and not args.json:
         from cli.lens_report import render

@@ -125,3 +125,21 @@ def test_lens_parse_cli(tmp_path: Path) -> None:
     out = subprocess.run([sys.executable, "-m", "cli.main", "lens", "parse", str(other)],
                          capture_output=True, text=True, cwd=ROOT, timeout=60)
     assert out.returncode == 1 and "no known training-log format" in out.stderr
+
+
+def test_lens_checkpoint_cli(tmp_path: Path) -> None:
+    (tmp_path / "iter_0000200").mkdir()
+    (tmp_path / "iter_0000300").mkdir()  # being written: the tracker still says 200
+    (tmp_path / "latest_checkpointed_iteration.txt").write_text("200\n")
+    cmd = [sys.executable, "-m", "cli.main", "lens", "checkpoint", str(tmp_path)]
+    out = subprocess.run([*cmd, "--json"], capture_output=True, text=True, cwd=ROOT, timeout=60)
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    assert (doc["newest"]["layout"], doc["newest"]["step"], doc["resume_step"]) == (
+        "megatron", 200, 200)
+    assert [f["step"] for f in doc["in_progress"]] == [300]
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    out = subprocess.run([sys.executable, "-m", "cli.main", "lens", "checkpoint", str(empty)],
+                         capture_output=True, text=True, cwd=ROOT, timeout=60)
+    assert out.returncode == 1 and "no complete checkpoint" in out.stdout
