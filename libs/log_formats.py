@@ -70,6 +70,9 @@ class Rule(BaseModel):
 
     name: str
     kind: Literal["progress", "checkpoint"] = "progress"
+    contains: str = Field(default="", description="text every line of this rule has, as "
+                          "written (case-sensitive); checked before the regex, since most "
+                          "lines of a log are not telemetry")
     match: str = Field(description="the line this rule reads; may capture (?P<iteration>...) "
                        "and, for a checkpoint, (?P<path>...)")
     fields: dict[str, FieldRule | list[FieldRule]] = Field(
@@ -209,6 +212,8 @@ class Parser:
         """The telemetry of one line in format ``fmt``; None when no rule reads it."""
         text = clean(line)
         for rule, match, fields in self._compiled[fmt].rules:
+            if rule.contains and rule.contains not in text:
+                continue
             found = match.search(text)
             if found is None:
                 continue
