@@ -150,6 +150,15 @@ def checkpoint_claim(spec: JobSpec, config: KubernetesDriverConfig) -> str | Non
     return spec.checkpoint_pvc or config.checkpoint_pvc
 
 
+def worker_checkpoint_dir(job: str, spec: JobSpec, config: KubernetesDriverConfig) -> str:
+    """The job's checkpoint directory as its workers see it: the claim's
+    job directory mounted at the mount path, or the job's directory in the
+    pod's own volume."""
+    if checkpoint_claim(spec, config):
+        return config.checkpoint_mount_path
+    return f"{config.checkpoint_mount_path.rstrip('/')}/{job}"
+
+
 def checkpoint_subpath(job: str) -> str:
     """Every attempt of a job mounts this directory of the claim (and sees
     no other job's): re-placed after a failure, it resumes from it."""
@@ -243,9 +252,7 @@ def worker_env(job: str, attempt: int, spec: JobSpec, slot: WorkerSlot, *, world
     """
     port = rendezvous_port(job, attempt, spec, config)
     addr = master_addr(job, attempt, config)
-    claim = checkpoint_claim(spec, config)
-    checkpoint_dir = config.checkpoint_mount_path if claim else \
-        f"{config.checkpoint_mount_path.rstrip('/')}/{job}"
+    checkpoint_dir = worker_checkpoint_dir(job, spec, config)
     local = max(1, slot.gpus)
     values = dict(spec.env)
     values.update(WorkerEnv(
@@ -339,7 +346,10 @@ def pod_manifest(job: str, attempt: int, spec: JobSpec, slot: WorkerSlot, *, wor
     container: dict[str, Any] = {
         "name": CONTAINER,
         "image": spec.image or config.image,
-        "command": list(spec.command),
+        # {checkpoint_dir} in an argument (``--load {checkpoint_dir}``); the
+        # scheduler refuses {resume_step} here: the driver cannot read the claim.
+        "command": [a.replace("{checkpoint_dir}", worker_checkpoint_dir(job, spec, config))
+                    for a in spec.command],
         "env": worker_env(job, attempt, spec, slot, world=world, config=config,
                           nats_url=nats_url),
         "ports": [container_port],

@@ -31,6 +31,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from libs.checkpoint_layouts import discover, resume_step
 from libs.drivers.base import EventSink, NodeWorkers
 from libs.drivers.local_worker import write_atomic, write_exit
 from libs.events import (
@@ -43,6 +44,7 @@ from libs.events import (
 )
 from libs.job_credentials import credential
 from libs.logs import get_logger
+from libs.resume import RESUME_ENV, render
 from libs.tasks import cancel_and_wait
 from libs.worker_env import WorkerEnv
 from libs.workload import kubernetes_only
@@ -92,7 +94,7 @@ class LocalDriver:
         self._log = get_logger(component="local-driver")
 
     def _env(self, job: str, attempt: int, spec: JobSpec, slot: WorkerSlot, world: int,
-             port: int) -> dict[str, str]:
+             port: int, resume: int | None = None) -> dict[str, str]:
         # Not the platform's PRIMUS_* (its NATS login, its store's DSN):
         # a worker's come from WorkerEnv alone.
         env = {k: v for k, v in os.environ.items() if not k.startswith("PRIMUS_")}
@@ -107,13 +109,24 @@ class LocalDriver:
             nats_token=None if cred else (self.nats_token or None),
             nats_user=cred.user if cred else None,
             nats_password=cred.password if cred else None).as_env())
+        if resume is not None:
+            env[RESUME_ENV] = str(resume)
         return env
 
-    @staticmethod
-    def _argv(spec: JobSpec) -> list[str]:
+    def _checkpoints(self, job: str) -> Path:
+        return self.state_dir / "checkpoints" / job
+
+    def _resume_step(self, job: str, world: int) -> int | None:
+        """The step the newest complete checkpoint of the job holds, whatever
+        framework wrote it (None: none, the job starts from scratch). Read
+        once per launch: every rank resumes from the same step."""
+        return resume_step(discover(self._checkpoints(job), world_size=world))
+
+    def _argv(self, job: str, spec: JobSpec, resume: int | None = None) -> list[str]:
         # "python" means the interpreter the platform runs on, so the job
         # sees the same installed packages (torch, the SDK).
-        head, *rest = spec.command
+        head, *rest = render(spec.command, checkpoint_dir=str(self._checkpoints(job)),
+                             resume_step=resume)
         return [sys.executable if head in ("python", "python3") else head, *rest]
 
     def _exit_file(self, job: str, attempt: int, rank: int) -> Path:
@@ -229,6 +242,7 @@ class LocalDriver:
             port_file.write_text(str(free_port()))
         port = int(port_file.read_text())
         started = await self._settle(job, attempt, [s.rank for s in slots])
+        resume = self._resume_step(job, len(slots))
         (self.state_dir / "intents").mkdir(parents=True, exist_ok=True)
         for slot in sorted(slots, key=lambda s: s.rank):
             if slot.rank in started:
@@ -238,10 +252,11 @@ class LocalDriver:
             # Where the rank runs, for an exit reported after a restart.
             write_atomic(self._node_file(job, attempt, slot.rank), f"{slot.node}\n")
             pid_dir = self.state_dir / "pids" / slot.node
-            env = self._env(job, attempt, spec, slot, len(slots), port)
+            env = self._env(job, attempt, spec, slot, len(slots), port, resume)
             cwd = spec.workdir or os.getcwd()
             log_path = run_dir / f"rank-{slot.rank}.log"
-            unrunnable = cannot_run(self._argv(spec), cwd, env.get("PATH", os.defpath))
+            argv = self._argv(job, spec, resume)
+            unrunnable = cannot_run(argv, cwd, env.get("PATH", os.defpath))
             if node_down_file(self.state_dir, slot.node).exists():
                 unrunnable = (-int(signal.SIGKILL), f"node {slot.node} is down")
             if unrunnable is not None:
@@ -251,7 +266,7 @@ class LocalDriver:
                 proc = await asyncio.create_subprocess_exec(
                     sys.executable, "-m", "libs.drivers.local_worker", str(exit_file),
                     str(pid_dir), f"{job} {attempt} {slot.rank}", "--",
-                    *self._argv(spec),
+                    *argv,
                     cwd=cwd,
                     env=env,
                     stdin=asyncio.subprocess.DEVNULL,

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import PurePosixPath
 
 from libs.events import JobSpec
+from libs.resume import uses
 from libs.workload import Resources, Toleration, quantity
 from services.scheduler.config import WorkloadDefaults, WorkloadLimits, WorkspaceConfig
 
@@ -104,6 +105,12 @@ def resolve(spec: JobSpec, workspace: WorkspaceConfig, cluster: WorkloadDefaults
     volume gets a warning); ``fallback_checkpoint_pvc``: the driver's own
     setting, used when neither the job nor the configuration names one."""
     full = merged(spec, cluster, workspace.workload)
+    if kubernetes and uses(full.command, "{resume_step}"):
+        return Resolution(None, "{resume_step} in the command is filled by the local driver "
+                                "only: on Kubernetes the driver cannot read the checkpoint claim "
+                                "before the pods start; pass {checkpoint_dir} to the "
+                                "framework's own resume flag (e.g. --load {checkpoint_dir})",
+                          "command")
     problem = over_limits(full, workspace.name, workspace.limits)
     if problem is not None:
         return Resolution(None, problem[1], problem[0])

@@ -284,3 +284,13 @@ def test_missing_says_what_and_where(need: Needed, obj: dict[str, Any] | None,
         assert answer is None
     else:
         assert answer is not None and answer.startswith(says), answer
+
+
+def test_checkpoint_dir_in_the_command_is_the_workers_directory() -> None:
+    s = spec(command=["torchrun", "pretrain.py", "--load", "{checkpoint_dir}", "--save",
+                      "{checkpoint_dir}/out", "{other}"], checkpoint_pvc="ckpt")
+    _, pod, _ = render(s)
+    assert container(pod)["command"] == ["torchrun", "pretrain.py", "--load", "/checkpoints",
+                                         "--save", "/checkpoints/out", "{other}"]
+    _, pod, _ = render(spec(command=["x", "{checkpoint_dir}"]))
+    assert container(pod)["command"] == ["x", "/checkpoints/j"]  # the pod's own volume

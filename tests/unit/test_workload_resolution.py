@@ -154,3 +154,10 @@ def test_limits_and_defaults_are_checked_when_the_configuration_loads() -> None:
     with pytest.raises(ValidationError, match="host_paths must be absolute"):
         SchedulerFile.model_validate({"workspaces": [{"name": "a",
                                                       "limits": {"host_paths": ["data"]}}]})
+
+
+def test_resume_step_placeholder_is_refused_on_kubernetes_only() -> None:
+    s = job(command=["torchrun", "x.py", "--iteration", "{resume_step}"])
+    r = resolve(s, LLM, CLUSTER, kubernetes=True)
+    assert r.spec is None and r.field == "command" and "--load {checkpoint_dir}" in r.reason
+    assert resolve(s, LLM, CLUSTER, kubernetes=False).spec is not None
