@@ -488,6 +488,18 @@ class JobSpec(Frozen):
                 raise ValueError(f"env {key}: a value cannot contain a NUL character")
         return value
 
+    @field_validator("command", mode="before")
+    @classmethod
+    def _braces(cls, value: Any) -> Any:
+        # YAML reads an unquoted {checkpoint_dir} as a mapping: say so.
+        if isinstance(value, list):
+            for i, item in enumerate(value):
+                if isinstance(item, dict) and len(item) == 1 and None in item.values():
+                    name = next(iter(item))
+                    raise ValueError(f"command[{i}] is a YAML mapping, not text: quote it, "
+                                     f'"{{{name}}}"')
+        return value
+
     @field_validator("command")
     @classmethod
     def _command(cls, value: list[str]) -> list[str]:

@@ -161,3 +161,11 @@ def test_resume_step_placeholder_is_refused_on_kubernetes_only() -> None:
     r = resolve(s, LLM, CLUSTER, kubernetes=True)
     assert r.spec is None and r.field == "command" and "--load {checkpoint_dir}" in r.reason
     assert resolve(s, LLM, CLUSTER, kubernetes=False).spec is not None
+
+
+def test_an_unquoted_placeholder_says_to_quote_it(tmp_path: Any) -> None:
+    path = tmp_path / "job.yaml"
+    path.write_text("name: j\nworkers: 1\ncommand: [torchrun, x.py, --load, {checkpoint_dir}]\n")
+    with pytest.raises(SpecError, match='command\\[3\\] is a YAML mapping, not text: quote it, '
+                                        '"\\{checkpoint_dir\\}"'):
+        load_model(path, JobSpec)
