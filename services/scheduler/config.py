@@ -117,6 +117,9 @@ class SchedulerFile(Frozen):
     stop_grace_s: float = Field(
         default=30.0, ge=0, description="time a job an operator stops, cancels or deletes (or "
         "one past its max_runtime_s) has to checkpoint before SIGKILL")
+    launch_retry_s: float = Field(
+        default=30.0, gt=0, description="a launch the cluster refused before creating "
+        "anything (a missing Secret or claim) is tried again this long after")
     degraded_nodes: Literal["last", "never"] = Field(
         default="last", description="nodes whose bench was degraded (below their fleet): "
         "last: used only when healthy nodes cannot hold a gang; never: not used")
@@ -146,7 +149,8 @@ class SchedulerFile(Frozen):
                                cross_workspace_preemption=self.cross_workspace_preemption)
 
     def limits(self) -> Limits:
-        return Limits(preemption_grace_s=self.preemption_grace_s, stop_grace_s=self.stop_grace_s)
+        return Limits(preemption_grace_s=self.preemption_grace_s, stop_grace_s=self.stop_grace_s,
+                      launch_retry_s=self.launch_retry_s)
 
     def pool_capacity(self) -> dict[str, dict[str, int]]:
         """Declared pools: pool -> GPU model -> the most GPUs it will hold."""

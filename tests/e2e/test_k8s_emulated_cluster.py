@@ -96,7 +96,10 @@ async def test_a_job_whose_secret_is_missing_waits_pending_and_runs_once_it_exis
     kubeconfig = tmp_path / "kubeconfig"
     kubeconfig.write_text(KUBECONFIG.format(url=api.url, ns=NS))
     await register(bus, [{"name": "node-a", "ip": "10.0.0.1", "amd": 0, "rdma": 0}])
+    config = tmp_path / "scheduler.yaml"
+    config.write_text("launch_retry_s: 2\n")  # the default is 30 s
     scheduler = start_service("scheduler", [], nats_url, tmp_path, PRIMUS_DRIVER="kubernetes",
+                              PRIMUS_SCHEDULER_CONFIG=str(config),
                               PRIMUS_K8S_NAMESPACE=NS, PRIMUS_K8S_IMAGE="busybox:1.36",
                               KUBECONFIG=str(kubeconfig))
     env = {k: v for k, v in os.environ.items() if not k.startswith("PRIMUS_")}
