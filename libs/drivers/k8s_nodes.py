@@ -33,8 +33,8 @@ from typing import Any
 
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
-from kubernetes.watch.watch import iter_resp_lines
 
+from libs.drivers.k8s_watch import Expired, version_of, watch_events
 from libs.drivers.nodes import CONDITIONS, NodeSink, NodeUpdate, NodeView, fault_mark
 from libs.logs import get_logger
 from libs.tasks import cancel_and_wait
@@ -266,16 +266,8 @@ class KubernetesNodes:
         try:
             if self._stopping.is_set():
                 return version
-            for line in iter_resp_lines(resp):
-                if not line:
-                    continue
-                event = json.loads(line)
-                kind, obj = event.get("type"), event.get("object") or {}
-                if kind == "ERROR":
-                    if obj.get("code") == 410:
-                        return None
-                    raise RuntimeError(f"node watch error: {obj.get('message') or obj}")
-                version = (obj.get("metadata") or {}).get("resourceVersion") or version
+            for kind, obj in watch_events(resp, "node"):
+                version = version_of(obj, version)
                 if kind == "DELETED":
                     name = obj["metadata"]["name"]
                     self._last.pop(name, None)
@@ -288,6 +280,8 @@ class KubernetesNodes:
                         self._last[view.name] = view
                         self._post(loop, queue, NodeUpdate(nodes=(view,)))
             return version
+        except Expired:
+            return None  # our version is too old: list again
         finally:
             with self._lock:
                 self._stream = None

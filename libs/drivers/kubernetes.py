@@ -44,7 +44,6 @@ from kubernetes import client
 from kubernetes import config as kube_config
 from kubernetes.client.exceptions import ApiException
 from kubernetes.config.config_exception import ConfigException
-from kubernetes.watch.watch import iter_resp_lines
 
 from libs.drivers.base import EventSink, LaunchRefused, NodeWorkers
 from libs.drivers.k8s_manifests import (
@@ -63,6 +62,7 @@ from libs.drivers.k8s_manifests import (
     read_worker_pod,
     service_name,
 )
+from libs.drivers.k8s_watch import Expired, version_of, watch_events
 from libs.events import (
     Event,
     JobSpec,
@@ -402,19 +402,13 @@ class KubernetesDriver:
         try:
             if self._stopping.is_set():
                 return version
-            for line in iter_resp_lines(resp):
-                if not line:
-                    continue
-                event = json.loads(line)
-                kind, obj = event.get("type"), event.get("object") or {}
-                if kind == "ERROR":
-                    if obj.get("code") == 410:
-                        return None  # our version is too old: list again
-                    raise RuntimeError(f"watch error: {obj.get('message') or obj}")
-                version = (obj.get("metadata") or {}).get("resourceVersion") or version
+            for kind, obj in watch_events(resp, "pod"):
+                version = version_of(obj, version)
                 if kind in ("ADDED", "MODIFIED", "DELETED"):
                     self._post(loop, queue, (kind, obj))
             return version
+        except Expired:
+            return None  # our version is too old: list again
         finally:
             with self._lock:
                 self._stream = None
