@@ -449,6 +449,13 @@ def prerequisites(spec: JobSpec, slots: list[WorkerSlot],
     return out
 
 
+def selector_unmet(node: Mapping[str, Any] | None, selector: Mapping[str, str]) -> list[str]:
+    """The ``key=value`` labels of ``selector`` the node (as the API
+    returned it; None: not found) lacks: the kubelet would reject the pod. Pure."""
+    labels = ((node or {}).get("metadata") or {}).get("labels") or {}
+    return [f"{k}={v}" for k, v in selector.items() if labels.get(k) != v]
+
+
 def missing(need: Needed, obj: Mapping[str, Any] | None, namespace: str) -> str | None:
     """Why ``obj`` (as the API returned it; None: not found) does not do
     for ``need``; None when it does. Pure."""

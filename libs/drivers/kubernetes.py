@@ -60,6 +60,7 @@ from libs.drivers.k8s_manifests import (
     pod_name,
     prerequisites,
     read_worker_pod,
+    selector_unmet,
     service_name,
 )
 from libs.drivers.k8s_watch import Expired, version_of, watch_events
@@ -231,9 +232,8 @@ class KubernetesDriver:
         problems = [p for p in await asyncio.gather(*(check(n) for n in needs)) if p]
         if spec.node_selector:
             for node in sorted({s.node for s in slots}):
-                labels = ((await asyncio.to_thread(self._read, "node", node) or {})
-                          .get("metadata", {}).get("labels") or {})
-                wrong = [f"{k}={v}" for k, v in spec.node_selector.items() if labels.get(k) != v]
+                obj = await asyncio.to_thread(self._read, "node", node)
+                wrong = selector_unmet(obj, spec.node_selector)
                 if wrong:
                     problems.append(f"node {node} lacks the node_selector label(s) "
                                     f"{', '.join(wrong)}")

@@ -77,17 +77,10 @@ exit 1
 
 
 def pick_node(core: client.CoreV1Api) -> str:
-    usable = []
-    for node in core.list_node().items:
-        ready = any(c.type == "Ready" and c.status == "True"
-                    for c in node.status.conditions or [])
-        blocked = node.spec.unschedulable or any(
-            t.effect in ("NoSchedule", "NoExecute") for t in node.spec.taints or [])
-        if ready and not blocked:
-            usable.append(node.metadata.name)
+    usable = usable_nodes(core)
     if not usable:
         pytest.skip("no ready, untainted node in the cluster")
-    return sorted(usable)[0]
+    return usable[0]["name"]
 
 
 async def test_gang_runs_on_a_real_cluster() -> None:

@@ -29,6 +29,7 @@ from libs.drivers.k8s_manifests import (
     missing,
     prerequisites,
     rendezvous_port,
+    selector_unmet,
 )
 from libs.events import JobSpec, WorkerSlot
 from libs.specs import load_model
@@ -294,3 +295,13 @@ def test_checkpoint_dir_in_the_command_is_the_workers_directory() -> None:
                                          "--save", "/checkpoints/out", "{other}"]
     _, pod, _ = render(spec(command=["x", "{checkpoint_dir}"]))
     assert container(pod)["command"] == ["x", "/checkpoints/j"]  # the pod's own volume
+
+
+@pytest.mark.parametrize(("node", "unmet"), [
+    ({"metadata": {"labels": {"pool": "llm", "zone": "a"}}}, []),
+    ({"metadata": {"labels": {"pool": "batch"}}}, ["pool=llm"]),
+    ({"metadata": {}}, ["pool=llm"]),
+    (None, ["pool=llm"]),
+])
+def test_selector_unmet(node: dict[str, Any] | None, unmet: list[str]) -> None:
+    assert selector_unmet(node, {"pool": "llm"}) == unmet
