@@ -23,12 +23,14 @@ reads each event as it is written."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import queue
 import re
 import socketserver
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -434,3 +436,11 @@ class _Server(ThreadingHTTPServer):
 def _status(code: int, reason: str, what: str) -> dict[str, Any]:
     return {"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": code,
             "reason": reason, "message": f"{reason}: {what}"}
+
+
+async def wait_until(check: Callable[[], bool], timeout: float = 10.0) -> None:
+    """Until ``check()`` holds (the API server and the watches run in threads)."""
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, "timed out"
+        await asyncio.sleep(0.02)

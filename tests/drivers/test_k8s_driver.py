@@ -29,7 +29,7 @@ from libs.drivers.kubernetes import KubernetesDriver, KubernetesDriverConfig
 from libs.events import Event, JobSpec, WorkerExited, WorkerSlot, WorkerStarted
 from libs.job_credentials import credential
 from libs.worker_env import WORKER_ENV_PASSWORD
-from tests.drivers.k8s_fake_api import FakeKubeApi
+from tests.drivers.k8s_fake_api import FakeKubeApi, wait_until
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -57,13 +57,6 @@ def with_status(pod: dict[str, Any], phase: str,
     if state is not None:
         status["containerStatuses"] = [{"name": "worker", "state": state}]
     return {**pod, "status": status}
-
-
-async def wait_until(check: Callable[[], bool], timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, "timed out"
-        await asyncio.sleep(0.02)
 
 
 def summary(events: list[Event]) -> list[tuple[Any, ...]]:

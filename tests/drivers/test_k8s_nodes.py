@@ -8,8 +8,7 @@ a condition change once."""
 from __future__ import annotations
 
 import asyncio
-import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import pytest
@@ -17,18 +16,11 @@ from kubernetes import client
 
 from libs.drivers.k8s_nodes import CORDONED, KubernetesNodes, taint_key
 from libs.drivers.nodes import NodeUpdate
-from tests.drivers.k8s_fake_api import FakeKubeApi, condition_node
+from tests.drivers.k8s_fake_api import FakeKubeApi, condition_node, wait_until
 
 pytestmark = pytest.mark.timeout(60)
 
 NODES = "/api/v1/nodes"
-
-
-async def wait_until(check: Callable[[], bool], timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, "timed out"
-        await asyncio.sleep(0.02)
 
 
 @pytest.fixture
