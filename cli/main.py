@@ -38,7 +38,7 @@ from functools import partial  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
 
-from cli import job_verbs, lens_verbs, node_verbs  # noqa: E402
+from cli import job_verbs, lens_verbs, logs_verb, node_verbs  # noqa: E402
 from cli.client import CliError, connect, read_bucket, submit  # noqa: E402
 from cli.output import (  # noqa: E402
     add_output_flags,
@@ -214,6 +214,7 @@ def build_parser() -> argparse.ArgumentParser:
     node_verbs.add_parsers(sub)
     for verb in TABLES:
         add_output_flags(sub.add_parser(verb, help=f"the {verb} table"))
+    logs_verb.add_parser(sub)
     s = sub.add_parser("explain", help="why a job is pending, where it runs")
     s.add_argument("job")
     s.add_argument("--json", action="store_true")
@@ -245,7 +246,7 @@ def check_names(args: argparse.Namespace) -> None:
     tokens and bucket keys: a bad one is the user's error, named as such,
     never a traceback from deep inside a verb."""
     checks = [("node", "node name")]
-    if args.verb in ("explain", "lens", *job_verbs.VERBS):
+    if args.verb in ("explain", "lens", "logs", *job_verbs.VERBS):
         checks.append(("job", "job id"))
     for attr, what in checks:
         value = getattr(args, attr, None)
@@ -277,6 +278,8 @@ def dispatch(args: argparse.Namespace) -> int:
         return node_verbs.run(args)
     if args.verb in TABLES:
         return show_table(args)
+    if args.verb == "logs":
+        return logs_verb.run(args)
     if args.verb == "explain":
         from cli.explain import describe, explain
 

@@ -26,12 +26,14 @@ from pydantic import (
     SerializerFunctionWrapHandler,
     TypeAdapter,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_serializer,
     model_validator,
 )
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
+from libs.log_formats import Format, check_format_name
 from libs.workload import (
     Resources,
     SecretRef,
@@ -427,6 +429,19 @@ class JobSpec(Frozen):
     checkpoint_pvc: str | None = Field(
         default=None, description="a ReadWriteMany claim every attempt mounts for checkpoints "
         "(default: the workspace's)")
+    # How Lens reads the workers' output as telemetry (libs/log_formats.py).
+    log_formats: dict[str, Format] = Field(
+        default_factory=dict, description="the job's own formats, shaped like "
+        "libs/log_formats.yaml's; one of the same name replaces the built-in")
+    log_format: str = Field(
+        default="auto", description="auto (detected from the first lines), none, a built-in "
+        "format (megatron, primus, torchtitan, deepspeed, hf_trainer, lightning) or one "
+        "defined under log_formats")
+
+    @field_validator("log_format")
+    @classmethod
+    def _log_format(cls, value: str, info: ValidationInfo) -> str:
+        return check_format_name(value, info.data.get("log_formats") or {})
 
     @field_validator("image")
     @classmethod
@@ -836,7 +851,9 @@ class JobRecover(Event):
 class GpuMetrics(Frozen):
     """One GPU at one moment. Every reading but the index is optional: no
     tool reports everything on every GPU, and a missing reading is NULL in
-    Lens, never zero."""
+    Lens, never zero. ``job``, ``attempt`` and ``rank`` name the worker the
+    GPU is placed with (the agent's placements, services/bench/placements.py),
+    all three or none (an idle GPU)."""
 
     index: int = Field(ge=0)
     util_pct: float | None = None
@@ -855,6 +872,18 @@ class GpuMetrics(Frozen):
     pcie_tx_bytes_s: float | None = Field(default=None, ge=0)
     xgmi_rx_bytes_s: float | None = Field(default=None, ge=0)
     xgmi_tx_bytes_s: float | None = Field(default=None, ge=0)
+    job: str | None = Field(default=None, pattern=KEY_PATTERN,
+                            description="the job whose worker holds the GPU")
+    attempt: int | None = Field(default=None, ge=1, description="that job's attempt")
+    rank: int | None = Field(default=None, ge=0, description="that worker's rank")
+
+    @model_validator(mode="after")
+    def _owner(self) -> GpuMetrics:
+        if (self.job is None) != (self.attempt is None) or (self.job is None) != (
+                self.rank is None):
+            raise ValueError("job, attempt and rank are given together (the GPU's worker) "
+                             "or not at all (an idle GPU)")
+        return self
 
 
 class NicMetrics(Frozen):
@@ -1014,6 +1043,47 @@ class LogRecord(Event):
     data: LogRecordData
 
 
+LogStream = Literal["stdout", "stderr", "meta"]
+
+
+class WorkerLogData(Frozen):
+    """A batch of one worker's output lines, as columns (one entry per line).
+    ``seq`` numbers the worker's lines of this attempt from 0, so a batch
+    sent twice stores its lines once; ``meta`` lines are the shipper's own
+    (how many lines the rate limit dropped)."""
+
+    attempt: int = Field(ge=1)
+    rank: int = Field(ge=0)
+    seq: int = Field(ge=0, description="the number of the batch's first line")
+    text: list[str] = Field(min_length=1, description="the lines, without their newline; "
+                            "bytes that are not UTF-8 are escaped (\\xNN)")
+    stream: list[LogStream] = Field(description="each line's stream")
+    t_ms: list[int] = Field(description="each line's time: milliseconds after the event's")
+    dropped_lines: int = Field(default=0, ge=0, description="lines the rate limit dropped "
+                               "just before this batch (told by its meta line)")
+    dropped_bytes: int = Field(default=0, ge=0)
+
+    @model_validator(mode="after")
+    def _columns(self) -> WorkerLogData:
+        if not len(self.text) == len(self.stream) == len(self.t_ms):
+            raise ValueError("text, stream and t_ms must have one entry per line")
+        if any(t < 0 for t in self.t_ms):
+            raise ValueError("t_ms are offsets after the event's time: not negative")
+        return self
+
+
+class WorkerLog(Event):
+    """Output lines of one worker (rank) of a job, shipped by its supervisor
+    (local driver) or its node's agent (Kubernetes); the id is
+    ``<job>-a<attempt>-r<rank>-l<seq>``."""
+
+    subject_template = "{root}.telemetry.output.{job}"
+    compact_json = True
+    type: Literal["log.worker"] = "log.worker"
+    job: str
+    data: WorkerLogData
+
+
 AlertState = Literal["open", "closed"]
 
 
@@ -1078,6 +1148,7 @@ EVENT_TYPES: tuple[type[Event], ...] = (
     NodeTelemetry,
     JobTelemetry,
     LogRecord,
+    WorkerLog,
     LensAlert,
 )
 
@@ -1117,6 +1188,7 @@ AnyEvent = Annotated[
     | NodeTelemetry
     | JobTelemetry
     | LogRecord
+    | WorkerLog
     | LensAlert,
     Field(discriminator="type"),
 ]

@@ -26,6 +26,7 @@ import re
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from functools import cache
 from pathlib import Path
 from typing import Literal
 
@@ -239,6 +240,22 @@ class Parser:
             raise KeyError(f"unknown log format {name!r}: known are {', '.join(self.names)}")
         return [p for i, line in enumerate(lines, 1)
                 if (p := self.parse(line, name, i)) is not None]
+
+
+@cache
+def builtin_parser() -> Parser:
+    """The repository's formats, compiled once per process."""
+    return Parser.load()
+
+
+def check_format_name(name: str, own: Iterable[str] = ()) -> str:
+    """``name`` if a job may ask for it: ``auto``, ``none``, a built-in
+    format or one of the job's own; else a ValueError listing them."""
+    known = ["auto", "none", *builtin_parser().names, *own]
+    if name not in known:
+        raise ValueError(f"log_format {name[:60]!r} is not a format: use one of "
+                         f"{', '.join(known)}, or define it under log_formats")
+    return name
 
 
 def _first(text: str, choices: tuple[tuple[FieldRule, re.Pattern[str]], ...]) -> float | None:

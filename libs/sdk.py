@@ -35,6 +35,7 @@ from libs.events import (
     JobTelemetryData,
     LogRecord,
     LogRecordData,
+    WorkerLog,
     encode_event,
 )
 from libs.routes import Routes, event_subject
@@ -47,7 +48,7 @@ _STOP = object()
 ROUTES = Routes(
     service="trainer",
     summary="training workers (this SDK): their own telemetry and log lines",
-    publishes=(JobTelemetry, LogRecord),
+    publishes=(JobTelemetry, LogRecord, WorkerLog),
     service_shell=False,
     nats_user=False,
 )

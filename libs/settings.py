@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field, SecretStr
 from pydantic_settings import (
@@ -15,6 +15,9 @@ from pydantic_settings import (
     SettingsConfigDict,
     YamlConfigSettingsSource,
 )
+
+if TYPE_CHECKING:
+    from libs.log_shipper import LogLimits
 
 
 class Settings(BaseSettings):
@@ -82,7 +85,26 @@ class Settings(BaseSettings):
     k8s_master_port: int = 29500
     k8s_nats_token_secret: str | None = None
     log_ship: bool = Field(default=False, description="also send log lines over the bus to Lens")
+    worker_log_ship: bool = Field(default=True, description="send workers' stdout and stderr "
+                                  "to Lens (the logs table)")
+    worker_log_rate_bytes_s: int = Field(
+        default=8 << 20, gt=0, description="a job's output Lens takes per second, shared by "
+        "its workers; more is dropped and counted, never blocking the job")
+    worker_log_min_rate_bytes_s: int = Field(default=256 << 10, gt=0,
+                                             description="per worker, however large the job")
+    worker_log_max_line_bytes: int = Field(default=16384, ge=256,
+                                           description="longer lines are cut, with a marker")
+    worker_log_file_max_bytes: int = Field(
+        default=100 << 20, ge=4096, description="local driver: a rank's log file is rotated "
+        "at this size")
+    worker_log_file_keep: int = Field(default=3, ge=0,
+                                      description="local driver: rotated log files kept")
+    lens_logs_ttl_days: int = Field(default=14, ge=1, description="lens-collector: how long "
+                                    "log lines (workers' and services') are kept")
     lens_alerts_file: Path | None = Field(default=None, description="lens-collector: alert rules")
+    lens_log_alerts_file: Path | None = Field(
+        default=None, description="lens-collector: log alert rules added to (or replacing, by "
+        "name) the built-in ones")
     bench_config: Path | None = Field(
         default=None, description="bench agent and coordinator: levels, probes, fleet policy "
         "(YAML, re-read when it changes)")
@@ -119,6 +141,16 @@ class Settings(BaseSettings):
         if path:
             sources.append(YamlConfigSettingsSource(settings_cls, yaml_file=path))
         return tuple(sources)
+
+    @property
+    def worker_log_limits(self) -> LogLimits:
+        from libs.log_shipper import LogLimits  # the events module, only when asked
+
+        return LogLimits(ship=self.worker_log_ship, rate_bytes_s=self.worker_log_rate_bytes_s,
+                         min_rate_bytes_s=self.worker_log_min_rate_bytes_s,
+                         max_line_bytes=self.worker_log_max_line_bytes,
+                         file_max_bytes=self.worker_log_file_max_bytes,
+                         file_keep=self.worker_log_file_keep)
 
     @property
     def nats_auth(self) -> dict[str, Any]:

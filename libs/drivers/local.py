@@ -43,6 +43,7 @@ from libs.events import (
     WorkerStartedData,
 )
 from libs.job_credentials import credential
+from libs.log_shipper import LogLimits
 from libs.logs import get_logger
 from libs.resume import RESUME_ENV, render
 from libs.tasks import cancel_and_wait
@@ -81,8 +82,10 @@ class _Worker:
 class LocalDriver:
     def __init__(self, state_dir: Path, sink: EventSink, *, nats_url: str,
                  source: str = "scheduler/local-driver", nats_token: str | None = None,
-                 job_credential_key: bytes | None = None) -> None:
+                 job_credential_key: bytes | None = None,
+                 log_limits: LogLimits | None = None) -> None:
         self.state_dir = state_dir.resolve()
+        self.log_limits = log_limits or LogLimits()
         self.sink = sink
         # A worker never gets the platform's own login (the embedded stack's
         # URL carries it): with a key, its job's credential instead.
@@ -265,7 +268,10 @@ class LocalDriver:
             with log_path.open("ab") as log_file:
                 proc = await asyncio.create_subprocess_exec(
                     sys.executable, "-m", "libs.drivers.local_worker", str(exit_file),
-                    str(pid_dir), f"{job} {attempt} {slot.rank}", "--",
+                    str(pid_dir), f"{job} {attempt} {slot.rank}",
+                    # The supervisor writes the rank's output (rotated) and ships it.
+                    "--log", str(log_path), "--log-limits", self.log_limits.model_dump_json(),
+                    "--",
                     *argv,
                     cwd=cwd,
                     env=env,

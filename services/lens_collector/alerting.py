@@ -29,6 +29,7 @@ from typing import Any
 from libs.events import LensAlert, LensAlertData
 from libs.logs import get_logger
 from services.lens_collector.alerts import AlertEngine, GpuReading, JobReading, Transition
+from services.lens_collector.log_alerts import LogAlerts, LogLine
 
 Query = Callable[[str, dict[str, Any]], Awaitable[list[tuple[Any, ...]]]]
 Publish = Callable[[LensAlert], Awaitable[Any]]
@@ -42,11 +43,25 @@ FROM {{db}}.gpu_metrics WHERE {_WINDOW}
 GROUP BY node, gpu
 HAVING temp > {{t:Float64}} OR vram > {{v:Float64}} OR power > {{p:Float64}}
     OR concat(node, '/gpu', toString(gpu)) IN {{open:Array(String)}}"""
+# A job that reports through the SDK and prints a framework's log is read
+# once: from the SDK's rows (origin 'sdk') when the window has any.
 JOB_SQL = f"""SELECT job, max(iteration), countIf(isNaN(loss) OR isInfinite(loss)),
        countIf(isFinite(loss)), avgIf(throughput, checkpoint_path IS NULL),
        toUnixTimestamp64Milli(maxIf(time, checkpoint_path IS NOT NULL)),
        toUnixTimestamp64Milli(max(time))
-FROM {{db}}.job_metrics WHERE {_WINDOW} GROUP BY job"""
+FROM {{db}}.job_metrics WHERE {_WINDOW}
+  AND (job, origin) IN (SELECT job, if(countIf(origin = 'sdk') > 0, 'sdk', 'log')
+                        FROM {{db}}.job_metrics WHERE {_WINDOW} GROUP BY job)
+GROUP BY job"""
+# Workers' lines stored since the last window that any log rule's pattern
+# matches (the engine filters; the rules' state machine counts). By insert
+# time: a line is seen once however late it was printed.
+LOG_SQL = """SELECT toUnixTimestamp64Milli(time), job, node, rank, message FROM {db}.logs
+WHERE received > fromUnixTimestamp64Milli({frm:Int64}, 'UTC')
+  AND received <= fromUnixTimestamp64Milli({to:Int64}, 'UTC')
+  AND time >= fromUnixTimestamp64Milli({frm:Int64}, 'UTC') - INTERVAL 1 DAY
+  AND service = 'worker' AND stream != 'meta' AND match(message, {pattern:String})
+ORDER BY time, seq LIMIT 100000"""
 NODE_SQL = f"""SELECT node, toUnixTimestamp64Milli(max(time)) FROM {{db}}.node_metrics
 WHERE {_WINDOW} GROUP BY node"""
 # Each job's latest lifecycle event stored since {frm}, by stream order.
@@ -67,8 +82,10 @@ FROM {db}.alerts FINAL WHERE state = 'open'
 class AlertLoop:
     def __init__(self, engine: AlertEngine, *, query: Query, publish: Publish, source: str,
                  interval_s: float = 5.0, lag_s: float = 2.0,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time,
+                 log_alerts: LogAlerts | None = None) -> None:
         self.engine, self.query, self.publish, self.source = engine, query, publish, source
+        self.log_alerts = log_alerts
         self.interval_s, self.lag_s, self.clock = interval_s, lag_s, clock
         self.watermark: float | None = None
         self.published = 0
@@ -110,11 +127,22 @@ class AlertLoop:
         nodes = await self.query(NODE_SQL, window)
         out += self.engine.node_window(at, {r[0]: r[1] / 1000 for r in nodes})
         out += self.engine.tick(at)
+        if self.log_alerts is not None:
+            out += await self._log_window(window, at)
         self.watermark = at
         for transition in out:
             await self.publish(alert_event(transition, self.source))
             self.published += 1
         return out
+
+    async def _log_window(self, window: dict[str, int], at: float) -> list[Transition]:
+        assert self.log_alerts is not None
+        out: list[Transition] = []
+        rows = await self.query(LOG_SQL, {**window, "pattern": self.log_alerts.any_pattern})
+        for millis, job, node, rank, text in rows:
+            out += self.log_alerts.observe(LogLine(millis / 1000, text, job or None,
+                                                   node or None, rank if rank >= 0 else None))
+        return out + self.log_alerts.tick(at)
 
     async def _lifecycle(self, at: float, frm: int) -> list[Transition]:
         rows = await self.query(LIFECYCLE_SQL, {"frm": frm})

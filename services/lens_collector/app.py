@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import hashlib
+import json
 import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
@@ -33,6 +34,7 @@ from libs.events import (
     JobFailed,
     JobPreempted,
     JobStopped,
+    JobSubmitted,
 )
 from libs.leader import LeaderElection
 from libs.logs import get_logger
@@ -51,14 +53,23 @@ from services.lens_collector.ingest import (
     route_of,
     store,
 )
+from services.lens_collector.log_alerts import LogAlerts, load_rules
+from services.lens_collector.log_telemetry import COLUMNS as PARSED_COLUMNS
+from services.lens_collector.log_telemetry import JobFormat, LogTelemetry
 from services.lens_collector.protocol import LensQuery, LensRows
 from services.lens_collector.queries import QueryError, resolve
 from services.lens_collector.routes import ALERTS_ROLE, ROUTES
 from services.lens_collector.rows import COLUMNS, EVENT_ID_COLUMN, rows_for
 from services.lens_collector.schema import MIGRATIONS
+from services.lens_collector.worker_logs_schema import logs_ttl
 
 # A job's run is over: its hang and throughput rules stop watching it.
 RUN_ENDED = (JobCompleted, JobFailed, JobPreempted, JobStopped, JobCancelled)
+# The job is done for good: its output's format need not be kept in memory.
+JOB_DONE = (JobCompleted, JobFailed, JobCancelled)
+# A job's log format, from its job.submitted (when this replica missed it).
+SUBMITTED_SQL = """SELECT data FROM {db}.events
+WHERE type = 'job.submitted' AND job = {job:String} ORDER BY time DESC LIMIT 1"""
 
 
 def load_alerts(path: Path | None) -> AlertConfig:
@@ -79,6 +90,9 @@ class LensCollector:
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="clickhouse")
         self.client: Client | None = None
         self.rows_written: Counter[str] = Counter()
+        # Workers' output as job telemetry; used on the store thread only.
+        self.log_telemetry = LogTelemetry(self._format_of)
+        self._job_formats: dict[str, JobFormat] = {}
         self.refused = 0
         self.redelivered = 0  # messages delivered more than once (the collector died, or slow)
         self.insert_s = 0.0  # time spent storing telemetry
@@ -104,13 +118,16 @@ class LensCollector:
         gc.set_threshold(50_000, 20, 100)
         self.client = await self._store(open_store, self.settings.store_dsn)
         applied = await self._store(migrate, self.client, self.db, MIGRATIONS)
+        await self._store(self._logs_retention)
         self._log.info("store ready", dsn=self.settings.store_dsn.split("@")[-1], applied=applied)
         await wire(bus, ROUTES, self, tune={"lens-telemetry": {
             "batch": self.batch, "fill_s": self.fill_s, "ack_wait_s": self.ack_wait_s}})
         if self._evaluate:
             self.alerts = AlertLoop(AlertEngine(self._alert_config), query=self._sql,
                                     publish=bus.publish, source=self.name,
-                                    interval_s=self._alert_interval_s)
+                                    interval_s=self._alert_interval_s,
+                                    log_alerts=LogAlerts(load_rules(
+                                        *filter(None, [self.settings.lens_log_alerts_file]))))
             self.election = LeaderElection.for_service(bus, ALERTS_ROLE, self.settings)
             await self.election.start()
             election = self.election
@@ -122,6 +139,14 @@ class LensCollector:
     async def on_events(self, batch: list[tuple[Event, int]]) -> None:
         """Every control event, into the history table (one insert per batch)."""
         await self._store(self._insert_rows, rows_for(batch))
+        for event, _ in batch:
+            if isinstance(event, JobSubmitted) and event.job:
+                spec = event.data.spec
+                self._job_formats[event.job] = JobFormat(spec.log_format, {
+                    k: v.model_dump() for k, v in spec.log_formats.items()})
+            elif isinstance(event, JOB_DONE) and event.job:
+                self._job_formats.pop(event.job, None)
+                await self._store(self.log_telemetry.forget, event.job)
         if self.alerts is not None:
             for event, _ in batch:
                 if isinstance(event, RUN_ENDED) and event.job:
@@ -178,9 +203,53 @@ class LensCollector:
             stored, bad = store(self.client, self.db, route, items)
             self.rows_written[route.table] += stored
             refused += bad
+            if route.table == "ingest_worker_log":
+                self._parse_output(items, {id(ref) for ref, _ in bad})
         self.insert_s += time.perf_counter() - started
         self.inserts += 1
         return refused
+
+    def _parse_output(self, items: list[Item], refused: set[int]) -> None:
+        """Job telemetry from the stored batches of workers' output."""
+        assert self.client is not None
+        rows: list[list[Any]] = []
+        for item in items:
+            if id(item.ref) in refused:
+                continue
+            try:
+                rows += self.log_telemetry.rows(json.loads(item.data))
+            except (ValueError, KeyError, TypeError) as exc:  # stored, yet unreadable here
+                self._log.warning("output batch not parsed", event_id=item.event_id,
+                                  error=repr(exc))
+        if rows:
+            token = hashlib.sha256("\n".join(r[5] for r in rows).encode()).hexdigest()
+            self.client.insert(f"{self.db}.job_metrics", rows, column_names=PARSED_COLUMNS,
+                               settings={"insert_deduplication_token": f"parsed-{token}"})
+            self.rows_written["job_metrics"] += len(rows)
+
+    def _format_of(self, job: str) -> JobFormat | None:
+        """What the job asked for (its job.submitted; the store's copy when
+        this replica started after it)."""
+        known = self._job_formats.get(job)
+        if known is not None or self.client is None:
+            return known
+        rows = self.client.query(SUBMITTED_SQL.replace("{db}", self.db),
+                                 parameters={"job": job}).result_rows
+        if not rows:
+            return None
+        spec = json.loads(rows[0][0]).get("spec", {})
+        return JobFormat(spec.get("log_format", "auto"), spec.get("log_formats") or {})
+
+    def _logs_retention(self) -> None:
+        """Keep log lines ``lens_logs_ttl_days`` (changed only when it differs)."""
+        assert self.client is not None
+        days = self.settings.lens_logs_ttl_days
+        ddl = self.client.query(
+            "SELECT create_table_query FROM system.tables WHERE database = {d:String} "
+            "AND name = 'logs'", parameters={"d": self.db}).result_rows
+        if ddl and f"toIntervalDay({days})" not in ddl[0][0]:
+            self.client.command(logs_ttl(days).replace("{db}", self.db),
+                                settings={"materialize_ttl_after_modify": 0})
 
     # ------------------------------------------------------------------ reading
 
@@ -209,6 +278,7 @@ class LensCollector:
 
     def health(self) -> dict[str, Any]:
         return {"rows_written": dict(self.rows_written), "refused": self.refused,
+                "parsed_lines": self.log_telemetry.parsed,
                 "redelivered": self.redelivered, "inserts": self.inserts,
                 "insert_s": round(self.insert_s, 3),
                 "alerts_published": self.alerts.published if self.alerts else 0,

@@ -41,6 +41,7 @@ from libs.events import (
     JobTelemetry,
     LogRecord,
     NodeTelemetry,
+    WorkerLog,
     encode_event,
     event_type_name,
     max_version,
@@ -63,6 +64,8 @@ ROUTES: tuple[Route, ...] = (
           (("job_metrics", "event_id", "job"),)),
     Route(f"{SUBJECT_ROOT}.telemetry.log", "ingest_log", event_type_name(LogRecord),
           (("logs", "id", ""),)),
+    Route(f"{SUBJECT_ROOT}.telemetry.output.", "ingest_worker_log", event_type_name(WorkerLog),
+          (("logs", "batch", "job"),)),
 )
 # ClickHouse error codes that mean "this data", not "the store": parse
 # errors, type and range errors, a violated CHECK. Anything else (the server

@@ -31,6 +31,7 @@ from services.lens_collector.alerts import Severity, Transition
 
 BUILTIN = Path(__file__).with_name("log_alerts.yaml")
 _MAX_MESSAGE = 300  # the line quoted in an alert's message, cut
+_NOT_RE2 = re.compile(r"\(\?<?[=!]|\\[1-9]|\(\?P=")
 
 
 class LogRule(BaseModel):
@@ -56,6 +57,12 @@ class LogRule(BaseModel):
             re.compile(value)
         except re.error as exc:
             raise ValueError(f"{value[:80]!r} is not a regular expression: {exc}") from None
+        # The store selects candidate lines with RE2, which has no
+        # look-around or back-references.
+        unsupported = _NOT_RE2.search(value)
+        if unsupported:
+            raise ValueError(f"{value[:80]!r} uses {unsupported.group(0)!r}: look-around and "
+                             "back-references are not supported (RE2 syntax)")
         return value
 
 
@@ -109,6 +116,9 @@ class LogAlerts:
         flags = {True: re.IGNORECASE, False: 0}
         self._compiled = [(r, re.compile(r.pattern, flags[r.ignore_case])) for r in rules]
         self._episodes: dict[tuple[str, str], _Episode] = {}
+        # One expression for the store to pick candidate lines with (RE2).
+        self.any_pattern = "|".join(
+            f"({'(?i)' if r.ignore_case else ''}{r.pattern})" for r in rules) or "$^"
 
     def fault_class(self, rule: str) -> str | None:
         """``infra`` or ``user`` for an alert's rule name (``log_<name>``)."""

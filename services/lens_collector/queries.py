@@ -6,6 +6,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from services.lens_collector.worker_logs_schema import PREFERRED_ORIGIN
+
+_ONE = f"job = {{job:String}} AND {PREFERRED_ORIGIN}"  # a job's rows, counted once
+
 
 @dataclass(frozen=True)
 class NamedQuery:
@@ -30,27 +34,27 @@ QUERIES: dict[str, NamedQuery] = {
                   argMin(loss, iteration) AS first_loss, argMax(loss, iteration) AS last_loss,
                   avg(throughput) AS mean_throughput, countIf(checkpoint_path IS NOT NULL)
                   AS checkpoints, min(time) AS first_time, max(time) AS last_time
-           FROM {db}.job_metrics FINAL WHERE job = {job:String}""",
+           FROM {db}.job_metrics FINAL WHERE """ + _ONE,
         {"job": "String"}, {}, "one row: iterations, loss, throughput, checkpoints of a job"),
     "job_series": NamedQuery(
         """SELECT iteration, avg(loss) AS loss, sum(throughput) AS throughput,
                   max(step_time_s) AS step_time_s, avg(grad_norm) AS grad_norm,
                   sum(tokens_per_s) AS tokens_per_s
            FROM {db}.job_metrics FINAL
-           WHERE job = {job:String} AND checkpoint_path IS NULL
+           WHERE """ + _ONE + """ AND checkpoint_path IS NULL
            GROUP BY iteration ORDER BY iteration LIMIT {limit:UInt32}""",
         {"job": "String", "limit": "UInt32"}, {"limit": 10000},
         "loss and throughput per iteration"),
     "job_attempts": NamedQuery(
         """SELECT attempt, min(iteration) AS first_iteration, max(iteration) AS last_iteration,
                   min(time) AS started, max(time) AS last_report
-           FROM {db}.job_metrics FINAL WHERE job = {job:String} AND checkpoint_path IS NULL
+           FROM {db}.job_metrics FINAL WHERE """ + _ONE + """ AND checkpoint_path IS NULL
            GROUP BY attempt ORDER BY attempt""",
         {"job": "String"}, {}, "iterations each attempt ran (a resume starts after a checkpoint)"),
     "job_checkpoints": NamedQuery(
         """SELECT iteration, rank, checkpoint_path, checkpoint_bytes, checkpoint_duration_s,
                   time FROM {db}.job_metrics FINAL
-           WHERE job = {job:String} AND checkpoint_path IS NOT NULL ORDER BY iteration, rank""",
+           WHERE """ + _ONE + """ AND checkpoint_path IS NOT NULL ORDER BY iteration, rank""",
         {"job": "String"}, {}, "checkpoints the job reported"),
     "node_summary": NamedQuery(
         """SELECT count() AS samples, avg(cpu_pct) AS mean_cpu_pct, max(cpu_pct) AS max_cpu_pct,
@@ -100,7 +104,7 @@ QUERIES: dict[str, NamedQuery] = {
                   avg(throughput) AS throughput_per_rank,
                   avg(tokens_per_s) AS tokens_per_s_per_rank, avg(step_time_s) AS step_time_s
            FROM {db}.job_metrics FINAL
-           WHERE job = {job:String} AND checkpoint_path IS NULL
+           WHERE """ + _ONE + """ AND checkpoint_path IS NULL
            GROUP BY t ORDER BY t""",
         {"job": "String", "step": "UInt32"}, {"step": 10}, "a job's throughput over time"),
     "alerts": NamedQuery(
@@ -122,11 +126,42 @@ QUERIES: dict[str, NamedQuery] = {
         {"job": "", "node": "", "open_only": 0, "limit": 1000}, "alerts, newest first"),
     "logs": NamedQuery(
         """SELECT time, service, level, node, job, message, fields FROM {db}.logs FINAL
-           WHERE ({job:String} = '' OR job = {job:String})
+           WHERE ({job:String} = '' OR job = {job:String}) AND service != 'worker'
              AND ({node:String} = '' OR node = {node:String})
            ORDER BY time, id LIMIT {limit:UInt32}""",
         {"job": "String", "node": "String", "limit": "UInt32"},
-        {"job": "", "node": "", "limit": 1000}, "log lines, oldest first"),
+        {"job": "", "node": "", "limit": 1000},
+        "the services' log lines, oldest first (workers' output: worker_logs)"),
+    "worker_logs": NamedQuery(
+        """SELECT time, attempt, rank, node, stream, message, seq,
+                  toUnixTimestamp64Milli(received) AS received_ms
+           FROM {db}.logs FINAL
+           WHERE job = {job:String} AND service = 'worker'
+             AND ({attempt:UInt16} = 0 OR attempt = {attempt:UInt16})
+             AND ({rank:Int32} < 0 OR rank = {rank:Int32})
+             AND time >= fromUnixTimestamp64Milli({since_ms:Int64}, 'UTC')
+             AND received > fromUnixTimestamp64Milli({after_ms:Int64}, 'UTC')
+             AND ({grep:String} = '' OR match(message, {grep:String}))
+           ORDER BY if({newest_first:UInt8} = 1, -1, 1)
+                    * toUnixTimestamp64Milli(if({after_ms:Int64} > 0, received, time)),
+                    if({newest_first:UInt8} = 1, -1, 1) * toUnixTimestamp64Milli(time),
+                    if({newest_first:UInt8} = 1, -1, 1) * attempt,
+                    if({newest_first:UInt8} = 1, -1, 1) * rank,
+                    if({newest_first:UInt8} = 1, -1, 1) * seq
+           LIMIT {limit:UInt32}""",
+        {"job": "String", "attempt": "UInt16", "rank": "Int32", "since_ms": "Int64",
+         "after_ms": "Int64", "grep": "String", "newest_first": "UInt8", "limit": "UInt32"},
+        {"attempt": 0, "rank": -1, "since_ms": 0, "after_ms": 0, "grep": "",
+         "newest_first": 0, "limit": 1000},
+        "a job's output lines (all ranks, or one), oldest first; newest_first for a tail, "
+        "after_ms (stored after) to follow"),
+    "job_output": NamedQuery(
+        """SELECT attempt, rank, any(node) AS node, countIf(stream != 'meta') AS lines,
+                  sum(dropped) AS dropped_lines, max(time) AS last_line
+           FROM {db}.logs FINAL WHERE job = {job:String} AND service = 'worker'
+           GROUP BY attempt, rank ORDER BY attempt, rank""",
+        {"job": "String"}, {}, "lines each rank of a job printed, and how many the rate "
+        "limit dropped"),
     "timeline": NamedQuery(
         """SELECT time, kind, name, node, job, detail FROM (
              SELECT time, 'event' AS kind, toString(type) AS name, toString(node) AS node, job,
@@ -138,7 +173,7 @@ QUERIES: dict[str, NamedQuery] = {
              SELECT time, 'log', toString(level), toString(node), job,
                     concat(toString(service), ': ', message)
              FROM {db}.logs FINAL
-             WHERE ({job:String} = '' OR job = {job:String})
+             WHERE ({job:String} = '' OR job = {job:String}) AND service != 'worker'
                AND ({node:String} = '' OR node = {node:String})
              UNION ALL
              SELECT time, 'alert', concat(toString(rule), ' ', toString(state)), toString(node),
@@ -152,7 +187,7 @@ QUERIES: dict[str, NamedQuery] = {
                     format('iteration {}, loss {}, {} samples/s per rank', toString(max(iteration)),
                            toString(round(avg(loss), 5)), toString(round(avg(throughput), 2)))
              FROM {db}.job_metrics FINAL
-             WHERE {job:String} != '' AND job = {job:String} AND checkpoint_path IS NULL
+             WHERE {job:String} != '' AND """ + _ONE + """ AND checkpoint_path IS NULL
                AND ({node:String} = '' OR node = {node:String})
              GROUP BY t, job
              UNION ALL

@@ -19,6 +19,7 @@ from __future__ import annotations
 from libs.store import Migration
 from services.lens_collector.ingest_schema import INGEST_COLUMNS_MIGRATION, INGEST_MIGRATION
 from services.lens_collector.rollups import ROLLUP_MIGRATION
+from services.lens_collector.worker_logs_schema import WORKER_LOGS_MIGRATION
 
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "events, node and job telemetry", (
@@ -173,4 +174,6 @@ MIGRATIONS: tuple[Migration, ...] = (
             ("disk_read_bytes_s", "Float64"), ("disk_write_bytes_s", "Float64"),
             ("fs_free_bytes", "UInt64"), ("fs_total_bytes", "UInt64"))),
     )),
+    Migration(8, "workers' output lines; job telemetry parsed from them",
+              WORKER_LOGS_MIGRATION),
 )

@@ -581,4 +581,4 @@ def make_driver(settings: Settings, bus: Bus,
                                 job_credential_key=secret)
     return LocalDriver(settings.state_dir, bus.publish, nats_url=settings.nats_url,
                        nats_token=settings.nats_token,
-                       job_credential_key=secret)
+                       job_credential_key=secret, log_limits=settings.worker_log_limits)

@@ -27,6 +27,8 @@ from libs.events import (
     NodeStateData,
     NodeTelemetry,
     NodeTelemetryData,
+    WorkerLog,
+    WorkerLogData,
     encode_event,
 )
 from libs.store import migrate
@@ -84,6 +86,11 @@ def seed(client: Client, database: str, *, minutes: int = 30,
             telemetry.append(LogRecord(source="training", node=NODES[0], job=JOB, time=at,
                                        data=LogRecordData(level="info", message=f"step {k}",
                                                           service="training")))
+            telemetry.append(WorkerLog(
+                source="local-worker/node-a", job=JOB, node=NODES[0], time=at,
+                id=f"{JOB}-a1-r0-l{k}", data=WorkerLogData(
+                    attempt=1, rank=0, seq=k, text=[f"step {k} done", "a warning"],
+                    stream=["stdout", "stderr"], t_ms=[0, 5])))
             telemetry.append(LogRecord(source="bench-agent", node=NODES[1], time=at,
                                        data=LogRecordData(level="warning", message="hot",
                                                           service="bench-agent")))

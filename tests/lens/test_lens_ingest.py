@@ -30,7 +30,7 @@ from services.lens_collector.rows import COLUMNS, rows_for
 from services.lens_collector.schema import MIGRATIONS
 from tests.lens.lens_seed import node_event
 
-NODE, JOB, LOG = ROUTES
+NODE, JOB, LOG, _OUTPUT = ROUTES
 
 
 @pytest.fixture(scope="module")

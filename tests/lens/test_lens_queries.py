@@ -18,6 +18,7 @@ PARAMS: dict[str, dict[str, Any]] = {
     "node_summary": {"node": NODES[0]}, "node_gpus": {"node": NODES[0]},
     "node_series": {"node": NODES[0]}, "gpu_series": {"node": NODES[0]},
     "alerts": {"job": JOB}, "logs": {"job": JOB}, "timeline": {"job": JOB},
+    "worker_logs": {"job": JOB}, "job_output": {"job": JOB},
     "events": {"node": NODES[0]}, "ingest_lag": {"seconds": 600},
     "ingest_lag_between": {"since_ms": int(time.time() - 3600) * 1000,
                            "until_ms": int(time.time() + 60) * 1000},

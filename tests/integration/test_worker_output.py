@@ -1,0 +1,178 @@
+"""Workers' output from real local workers to Lens and back: the supervisor
+writes each rank's output to its file and ships it; lens-collector (in this
+process, real NATS, the chDB engine) stores every line with its rank and
+stream; ``primus-safe logs`` reads them with its filters; Megatron-format
+lines become the job's loss curve; a worker printing far over its rate is
+cut down, the drop counted, and never slowed; a rank's file is rotated."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from libs.bus import Bus
+from libs.drivers.local import LocalDriver
+from libs.drivers.local_worker import main as supervise
+from libs.events import Event, JobSpec, WorkerExited, WorkerSlot
+from libs.log_shipper import LogLimits
+from libs.settings import Settings
+from services.lens_collector.app import LensCollector
+from tests.helpers import run_cli
+
+LINE = (" [2026-12-01 12:00:00] iteration {it:8d}/     100 | consumed samples: {s:8d} | "
+        "elapsed time per iteration (ms): 250.0 | learning rate: 1.000000E-04 | "
+        "global batch size:     8 | lm loss: {loss:.6E} | loss scale: 1.0 | grad norm: 0.500 |"
+        " number of skipped iterations:   0 | number of nan iterations:   0 |")
+TRAIN = f"""
+import os, sys
+rank = int(os.environ["RANK"])
+print("megatron-style job, rank", rank, flush=True)
+print("a warning on stderr", file=sys.stderr, flush=True)
+for it in range(1, 6):
+    if rank == 1:
+        print({LINE!r}.format(it=it, s=8 * it, loss=4.0 / it), flush=True)
+"""
+
+
+async def until(fn, what: str, timeout: float = 30.0) -> Any:  # type: ignore[no-untyped-def]
+    deadline = asyncio.get_running_loop().time() + timeout
+    while True:
+        result = await fn()
+        if result:
+            return result
+        assert asyncio.get_running_loop().time() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.2)
+
+
+@pytest.fixture
+async def collector(nats_url: str, clickhouse_dsn: str, database: str
+                    ) -> AsyncIterator[tuple[LensCollector, Bus]]:
+    bus = await Bus.connect(nats_url, "lens-collector")
+    await bus.ensure_topology()
+    settings = Settings(nats_url=nats_url, clickhouse_dsn=clickhouse_dsn,
+                        clickhouse_database=database)
+    service = LensCollector(settings, evaluate_alerts=False, fill_s=0.05)
+    await service.start(bus)
+    try:
+        yield service, bus
+    finally:
+        await bus.stop_consuming()
+        await service.stop()
+
+
+async def lens(bus: Bus, query: str, **params: object) -> list[dict[str, Any]]:
+    reply = await bus.request("safe.query.lens.query", {"query": query, "params": params},
+                              timeout_s=20)
+    assert reply["ok"], reply
+    return [dict(zip(reply["columns"], r, strict=True)) for r in reply["rows"]]
+
+
+async def test_output_of_every_rank_reaches_lens_and_the_cli(
+        tmp_path: Path, nats_url: str, collector: tuple[LensCollector, Bus],
+        cli_env: dict[str, str]) -> None:
+    _, bus = collector
+    events: list[Event] = []
+
+    async def sink(event: Event) -> None:
+        events.append(event)
+
+    driver = LocalDriver(tmp_path / "state", sink, nats_url=nats_url)
+    spec = JobSpec(name="mega", workers=2, command=[sys.executable, "-c", TRAIN])
+    await driver.launch("mega", 1, spec, [WorkerSlot(rank=0, node="a", gpus=0),
+                                          WorkerSlot(rank=1, node="b", gpus=0)])
+    await until(lambda: _exits(events, 2), "both ranks to exit")
+    rows = await until(lambda: _lines(bus, "mega", 7), "the lines in Lens")
+    assert {(r["rank"], r["node"]) for r in rows} == {(0, "a"), (1, "b")}
+    assert {r["stream"] for r in rows if "warning" in r["message"]} == {"stderr"}
+    # The file keeps everything too.
+    log = (tmp_path / "state" / "jobs" / "mega" / "attempt-1" / "rank-1.log").read_text()
+    assert "lm loss: 8.000000E-01" in log
+    # Megatron's lines are the job's loss curve (auto-detected).
+    series = await until(lambda: _series(bus, "mega", 5), "the parsed loss curve")
+    assert [r["iteration"] for r in series] == [1, 2, 3, 4, 5]
+    assert series[-1]["loss"] == pytest.approx(0.8)
+
+    env = {**cli_env, "PRIMUS_NATS_URL": nats_url}
+    out = await asyncio.to_thread(run_cli, "logs", "mega", "--rank", "1", "--grep", "lm loss",
+                                  "--since", "1h", env=env)
+    assert out.returncode == 0, out.stderr
+    assert len(out.stdout.splitlines()) == 5 and "lm loss" in out.stdout
+    out = await asyncio.to_thread(run_cli, "logs", "mega", "--tail", "2", "--rank", "1",
+                                  "--json", env=env)
+    assert out.returncode == 0, out.stderr
+    assert [json.loads(x)["seq"] for x in out.stdout.splitlines()] == [5, 6]
+    out = await asyncio.to_thread(run_cli, "logs", "nope", env=env)
+    assert out.returncode != 0 and "no output of job nope" in out.stderr
+
+
+async def test_a_flood_is_cut_down_counted_and_never_slows_the_worker(
+        tmp_path: Path, nats_url: str, collector: tuple[LensCollector, Bus]) -> None:
+    _, bus = collector
+    events: list[Event] = []
+
+    async def sink(event: Event) -> None:
+        events.append(event)
+
+    # 200 MB in lines of 1 KB, as fast as Python can write them; the job may
+    # ship 1 MB/s. Into /dev/null this takes about a second here.
+    flood = ("import sys\nline = b'x' * 1023 + b'\\n'\nw = sys.stdout.buffer.write\n"
+             "for _ in range(200_000): w(line)\nprint('done', flush=True)\n")
+    limits = LogLimits(rate_bytes_s=1 << 20, min_rate_bytes_s=1 << 20, burst_s=1,
+                       file_max_bytes=8 << 20, file_keep=2)
+    driver = LocalDriver(tmp_path / "state", sink, nats_url=nats_url, log_limits=limits)
+    spec = JobSpec(name="flood", workers=1, command=[sys.executable, "-c", flood])
+    started = time.monotonic()
+    await driver.launch("flood", 1, spec, [WorkerSlot(rank=0, node="a", gpus=0)])
+    await until(lambda: _exits(events, 1), "the flood to end", timeout=60)
+    elapsed = time.monotonic() - started
+    output = await until(lambda: _dropped(bus, "flood"), "the drop count")
+    assert output[0]["dropped_lines"] > 150_000  # most of it, and said so
+    assert output[0]["lines"] < 20_000
+    assert elapsed < 20, f"the worker took {elapsed:.1f} s: its output held it up"
+    # Capped and rotated: the current file and two older ones, none over the cap.
+    files = sorted((tmp_path / "state" / "jobs" / "flood" / "attempt-1").glob("rank-0.log*"))
+    assert [f.name for f in files] == ["rank-0.log", "rank-0.log.1", "rank-0.log.2"]
+    assert all(f.stat().st_size <= 8 << 20 for f in files)
+    assert files[0].read_text().endswith("done\n")
+
+
+def test_the_supervisor_without_a_bus_still_writes_the_file(tmp_path: Path,
+                                                             monkeypatch: pytest.MonkeyPatch
+                                                             ) -> None:
+    monkeypatch.delenv("PRIMUS_NATS_URL", raising=False)
+    log = tmp_path / "rank-0.log"
+    code = supervise([str(tmp_path / "exit"), str(tmp_path / "pids"), "j 1 0", "--log",
+                      str(log), "--", sys.executable, "-c",
+                      "import sys; print('out'); print('err', file=sys.stderr); "
+                      "sys.stdout.buffer.write(b'no newline \\xff')"])
+    assert code == 0
+    assert sorted(log.read_bytes().split(b"\n")) == [b"", b"err", b"no newline \xff", b"out"]
+    assert (tmp_path / "exit").read_text() == "0\n"
+
+
+def _exits(events: list[Event], n: int) -> Any:
+    async def check() -> bool:
+        return sum(isinstance(e, WorkerExited) for e in events) >= n
+    return check()
+
+
+async def _lines(bus: Bus, job: str, n: int) -> list[dict[str, Any]] | None:
+    rows = await lens(bus, "worker_logs", job=job, limit=1000)
+    return rows if len(rows) >= n else None
+
+
+async def _series(bus: Bus, job: str, n: int) -> list[dict[str, Any]] | None:
+    rows = await lens(bus, "job_series", job=job)
+    return rows if len(rows) >= n else None
+
+
+async def _dropped(bus: Bus, job: str) -> list[dict[str, Any]] | None:
+    rows = await lens(bus, "job_output", job=job)
+    return rows if rows and rows[0]["dropped_lines"] > 0 and rows[0]["lines"] > 0 else None

@@ -1,0 +1,136 @@
+"""Workers' output in the real engine (chDB): a ``log.worker`` batch becomes
+one ``logs`` row per line, in the order printed, with job, attempt, rank,
+node and stream; a redelivered batch adds nothing; the rate limit's meta line
+carries the drop count; escaped bytes stay escaped. Parsed lines become
+``job_metrics`` rows (origin ``log``) and the job queries prefer the SDK's
+rows when a job has both."""
+
+from __future__ import annotations
+
+import json
+import math
+from datetime import UTC, datetime
+
+import pytest
+
+from libs.events import JobTelemetry, JobTelemetryData, encode_event
+from libs.log_shipper import Batcher, LogLimits
+from libs.store import migrate, open_store
+from services.lens_collector.ingest import ROUTES, Item, store
+from services.lens_collector.log_telemetry import COLUMNS, JobFormat, LogTelemetry
+from services.lens_collector.queries import resolve
+from services.lens_collector.schema import MIGRATIONS
+
+OUTPUT = ROUTES[-1]
+T0 = datetime(2026, 12, 1, 12, 0, tzinfo=UTC).timestamp()
+# Megatron-LM's training_log line (megatron/training/training.py), as printed.
+MEGATRON = (" [2026-12-01 12:00:0{i}] iteration        {it}/     100 | consumed samples: "
+            "{s} | elapsed time per iteration (ms): 1234.5 | learning rate: 3.000000E-04 | "
+            "global batch size:    32 | lm loss: {loss} | loss scale: 1.0 | grad norm: 1.234 |"
+            " number of skipped iterations:   0 | number of nan iterations:   0 |")
+
+
+@pytest.fixture(scope="module")
+def client(clickhouse_dsn: str):  # type: ignore[no-untyped-def]
+    return open_store(clickhouse_dsn)
+
+
+@pytest.fixture
+def db(client, database: str) -> str:  # type: ignore[no-untyped-def]
+    migrate(client, database, MIGRATIONS)
+    return database
+
+
+def batches(job: str, lines: list[tuple[bytes, str]], *, rank: int = 0, rate: int = 1 << 30,
+            at: float = T0) -> list:  # type: ignore[type-arg]
+    limits = LogLimits(rate_bytes_s=rate, min_rate_bytes_s=rate, batch_lines=3)
+    b = Batcher.for_worker(job, 1, rank, "node-1", 1, limits)
+    out = []
+    for i, (raw, stream) in enumerate(lines):
+        out += b.feed([raw], stream, at + i * 0.01)  # type: ignore[arg-type]
+    return out + b.take(at + 10, flush=True)
+
+
+def items(events: list, delivered: int = 1) -> list[Item]:  # type: ignore[type-arg]
+    return [Item(encode_event(e), e.id, e.job, delivered, ref=e.id) for e in events]
+
+
+def test_lines_land_in_order_with_their_worker(client, db: str) -> None:  # type: ignore[no-untyped-def]
+    lines = [(f"line {i}".encode(), "stderr" if i % 2 else "stdout") for i in range(8)]
+    lines.append((b"bad \xff\xfe bytes\r\n", "stdout"))
+    sent = batches("job-a", lines, rank=3)
+    assert len(sent) == 3
+    assert store(client, db, OUTPUT, items(sent)) == (3, [])
+    rows = client.query(
+        f"SELECT seq, message, stream, rank, attempt, node, service FROM {db}.logs FINAL "
+        "WHERE job = 'job-a' ORDER BY seq").result_rows
+    assert [r[1] for r in rows][:8] == [f"line {i}" for i in range(8)]
+    assert rows[8][1] == "bad \\xff\\xfe bytes"
+    assert [r[0] for r in rows] == list(range(9))
+    assert {r[3:] for r in rows} == {(3, 1, "node-1", "worker")}
+    assert rows[1][2] == "stderr" and rows[0][2] == "stdout"
+    # Redelivered after a crash before the ack: stored once.
+    stored, refused = store(client, db, OUTPUT, items(sent, delivered=2))
+    assert refused == [] and stored == 0
+    count = client.query(f"SELECT count() FROM {db}.logs WHERE job = 'job-a'").result_rows
+    assert count == [(9,)]
+
+
+def test_drops_are_counted_where_lines_are_read(client, db: str) -> None:  # type: ignore[no-untyped-def]
+    # 200 bytes/s with a 5 s burst: the 2 kB lines in between are dropped.
+    lines = [(b"a" * 100, "stdout"), (b"b" * 2000, "stdout"), (b"c" * 2000, "stdout"),
+             (b"d" * 10, "stdout")]
+    sent = batches("job-b", lines, rate=200)
+    store(client, db, OUTPUT, items(sent))
+    rows = client.query(f"SELECT message, stream, dropped FROM {db}.logs FINAL "
+                        "WHERE job = 'job-b' ORDER BY seq").result_rows
+    assert [r[0][:1] for r in rows] == ["a", "p", "d"]
+    assert rows[1][1] == "meta" and rows[1][2] == 2
+    assert "2 line(s), 4000 bytes" in rows[1][0]
+
+
+def test_a_long_line_is_cut_with_a_marker(client, db: str) -> None:  # type: ignore[no-untyped-def]
+    sent = batches("job-c", [(b"x" * 20000, "stdout")])
+    store(client, db, OUTPUT, items(sent))
+    (message,), = client.query(f"SELECT message FROM {db}.logs WHERE job = 'job-c'").result_rows
+    assert message.startswith("x" * 16384)
+    assert message.endswith("[primus-safe: line cut, 3616 more bytes]")
+
+
+def test_parsed_lines_become_job_metrics_and_the_sdk_wins(client, db: str) -> None:  # type: ignore[no-untyped-def]
+    lines = [(b"megatron banner", "stdout")] + [
+        (MEGATRON.format(i=i, it=i + 1, s=32 * (i + 1), loss="nan" if i == 2 else
+                         f"{5.0 - i:.6E}").encode(), "stdout") for i in range(4)]
+    sent = batches("job-d", lines, rank=7)
+    store(client, db, OUTPUT, items(sent))
+    parser = LogTelemetry(lambda job: JobFormat("auto"))
+    rows = [r for e in sent for r in parser.rows(json.loads(encode_event(e)))]
+    assert [r[COLUMNS.index("iteration")] for r in rows] == [1, 2, 3, 4]
+    losses = [r[COLUMNS.index("loss")] for r in rows]
+    assert losses[0] == 5.0 and math.isnan(losses[2])
+    assert {r[COLUMNS.index("rank")] for r in rows} == {7}
+    assert rows[0][COLUMNS.index("step_time_s")] == pytest.approx(1.2345)
+    assert rows[0][COLUMNS.index("learning_rate")] == pytest.approx(3e-4)
+    client.insert(f"{db}.job_metrics", rows, column_names=COLUMNS)
+
+    def series() -> list[tuple[int, float]]:
+        sql, params = resolve("job_series", {"job": "job-d"}, db)
+        return [(r[0], r[1]) for r in client.query(sql, parameters=params).result_rows]
+
+    assert [it for it, _ in series()] == [1, 2, 3, 4]
+    # The job also reports through the SDK: its rows alone are read.
+    sdk = [JobTelemetry(source="t", job="job-d", data=JobTelemetryData(
+        rank=0, iteration=i, loss=9.0)) for i in (1, 2)]
+    store(client, db, ROUTES[1], [Item(encode_event(e), e.id, "job-d", ref=e.id) for e in sdk])
+    assert series() == [(1, 9.0), (2, 9.0)]
+
+
+def test_a_job_that_prints_no_framework_is_not_parsed() -> None:
+    parser = LogTelemetry(lambda job: None)
+    sent = batches("job-e", [(f"epoch {i} done".encode(), "stdout") for i in range(10)])
+    assert [r for e in sent for r in parser.rows(json.loads(encode_event(e)))] == []
+    assert parser.jobs["job-e"].fmt is None
+    none = LogTelemetry(lambda job: JobFormat("none"))
+    line = MEGATRON.format(i=0, it=1, s=32, loss="1.0").encode()
+    sent = batches("job-f", [(line, "stdout")])
+    assert none.rows(json.loads(encode_event(sent[0]))) == []
