@@ -1098,6 +1098,9 @@ class LensAlertData(Frozen):
     threshold: float | None = None
     message: str = ""
     opened_at: datetime
+    fault_class: Literal["infra", "user"] | None = Field(
+        default=None, description="log rules: infra (the job is the cluster's victim: "
+        "failover recovers it) or user (the job's own error); None for metric rules")
 
 
 class LensAlert(Event):

@@ -73,6 +73,7 @@ from services.failover.faults import (
     FailoverRules,
     Fault,
     FaultBook,
+    FaultRule,
     classify_exit,
 )
 from services.failover.routes import ROUTES
@@ -81,6 +82,17 @@ from services.failover.rules import HeartbeatMonitor, MissedHeartbeat
 SOURCE = "failover"
 WORKERS_ASK_S = 2.0  # how long to wait for the driver's word on a silent node
 SUSPECT_RECHECK_S = 2.0  # how often a silent node whose workers ran is asked again
+
+
+def infra_rule(kind: str, event: LensAlert) -> FaultRule | None:
+    """A Lens log rule of class infra (an RCCL timeout, an RDMA error, a
+    GPU hardware error) is a fault source without configuration: about its
+    job (restart it from its checkpoint) or, for a node-scoped rule, its
+    node (take it out, move its jobs). A user-class one (a traceback, an
+    out-of-memory) is the job's own: the scheduler's retry rule handles it."""
+    if event.data.fault_class != "infra":
+        return None
+    return FaultRule(kind=kind, scope="job" if event.job else "node")
 
 
 def load_rules(path: Path | None) -> FailoverRules:
@@ -239,12 +251,14 @@ class Failover:
             await self._act([])
             return
         now = time.time()
+        kind = f"alert:{event.data.rule}"
         await self._act(self.book.observe(
-            f"alert:{event.data.rule}", key, bad=event.data.state == "open", now=now,
+            kind, key, bad=event.data.state == "open", now=now,
             reason=event.data.message or event.data.rule,
             jobs=[event.job] if event.job else self._jobs_on(key),
             # A sender's clock ahead of ours must not date detection in the future.
-            last_good=min(event.data.opened_at.timestamp(), now)))
+            last_good=min(event.data.opened_at.timestamp(), now),
+            default=infra_rule(kind, event)))
 
     async def on_job_steps(self, batch: list[tuple[JobTelemetry, int]]) -> None:
         now = time.time()

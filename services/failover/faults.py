@@ -99,10 +99,12 @@ class FaultBook:
                      if f.kind == kind and f.key == key and f.status != "closed"), None)
 
     def observe(self, kind: str, key: str, *, bad: bool, now: float, reason: str = "",
-                jobs: list[str] | None = None, last_good: float | None = None) -> list[Decision]:
+                jobs: list[str] | None = None, last_good: float | None = None,
+                default: FaultRule | None = None) -> list[Decision]:
         """One observation; a fault opens when the rule's streak is reached,
-        and a good one closes it when the rule says ``close_on_clear``."""
-        rule = self.rules.rule(kind)
+        and a good one closes it when the rule says ``close_on_clear``.
+        ``default``: the rule when the configuration has none for ``kind``."""
+        rule = self.rules.rule(kind) or default
         if rule is None:
             return []
         if not bad:

@@ -179,7 +179,7 @@ def alert_event(t: Transition, source: str) -> LensAlert:
         data=LensAlertData(alert_id=t.alert_id, rule=t.rule, state=t.state,
                            severity=t.severity, subject_key=t.key, gpu=t.gpu, value=t.value,
                            threshold=t.threshold, message=t.message,
-                           opened_at=utc(t.opened_at)))
+                           opened_at=utc(t.opened_at), fault_class=t.fault_class))
 
 
 def _job_reading(row: tuple[Any, ...]) -> JobReading:

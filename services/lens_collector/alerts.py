@@ -83,6 +83,7 @@ class Transition:
     threshold: float | None = None
     severity: Severity = "warning"
     message: str = ""
+    fault_class: Literal["infra", "user"] | None = None  # log rules only
 
     @property
     def alert_id(self) -> str:

@@ -214,7 +214,7 @@ class LensCollector:
         assert self.client is not None
         rows: list[list[Any]] = []
         for item in items:
-            if id(item.ref) in refused:
+            if id(item.ref) in refused or not self.log_telemetry.wants(item.key):
                 continue
             try:
                 rows += self.log_telemetry.rows(json.loads(item.data))

@@ -147,7 +147,7 @@ class LogAlerts:
                     at=line.at, node=line.node,
                     job=line.job if rule.scope == "job" else None,
                     value=float(len(ep.hits)), threshold=float(rule.count),
-                    severity=rule.severity,
+                    severity=rule.severity, fault_class=rule.fault_class,
                     message=f"{rule.fault_class}: {rule.description or rule.name}{where}: "
                             f"{ep.first_line}"))
         return out
@@ -165,7 +165,7 @@ class LogAlerts:
                 out.append(Transition(
                     rule=f"log_{name}", state="closed", key=key, opened_at=ep.opened_at,
                     at=now, node=ep.node, job=ep.job if rule.scope == "job" else None,
-                    severity=rule.severity,
+                    severity=rule.severity, fault_class=rule.fault_class,
                     message=f"no '{name}' line for {rule.clear_s:g} s"))
             del self._episodes[(name, key)]
         return out

@@ -62,6 +62,12 @@ class LogTelemetry:
         self.jobs: dict[str, _Job] = {}
         self.parsed = 0
 
+    def wants(self, job: str) -> bool:
+        """Whether a batch of ``job`` is worth decoding (its format is not
+        ``none``, or not known yet)."""
+        known = self.jobs.get(job) or self._start(job)
+        return known.fmt != "none"
+
     def forget(self, job: str) -> None:
         self.jobs.pop(job, None)
 

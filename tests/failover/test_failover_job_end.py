@@ -85,3 +85,31 @@ async def test_a_job_fault_closes_when_its_job_ends(
         assert record["status"] == "closed" and record["closed_at"] is not None
     finally:
         await failover.stop()
+
+
+def _log_alert(rule: str, fault_class: str, *, job: str | None = None,
+               node: str | None = None) -> LensAlert:
+    return LensAlert(source="lens-collector", job=job, node=node, data=LensAlertData(
+        alert_id=f"{rule}-{job or node}", rule=rule, state="open", severity="critical",
+        subject_key=job or node or "", message=f"{fault_class}: a line", opened_at=datetime.now(
+            UTC), fault_class=fault_class))  # type: ignore[arg-type]
+
+
+async def test_an_infra_log_alert_restarts_its_job_and_a_user_one_does_not(
+        nats_url: str, bus: Bus, tmp_path: Path) -> None:
+    # No rule in the configuration names these log rules: their class decides.
+    failover = Failover(Settings(nats_url=nats_url, state_dir=tmp_path / "state"))
+    await failover.start(bus)
+    try:
+        await bus.publish(_log_alert("log_traceback", "user", job="job-u"))
+        await bus.publish(_log_alert("log_out_of_memory", "user", job="job-u"))
+        await bus.publish(_log_alert("log_collective_timeout", "infra", job="job-i"))
+        [opened] = await _until(bus, "safe.fault.*.opened", 1)
+        assert opened.data.kind == "alert:log_collective_timeout" and opened.data.jobs == ["job-i"]
+        assert opened.data.scope == "job"
+        assert [e.job for e in await _until(bus, "safe.job.*.recover", 1)] == ["job-i"]
+        await asyncio.sleep(0.5)  # the user alerts opened nothing meanwhile
+        assert [e.job for e in await _control(bus, "safe.job.*.recover")] == ["job-i"]
+        assert len(await _control(bus, "safe.fault.*.opened")) == 1
+    finally:
+        await failover.stop()

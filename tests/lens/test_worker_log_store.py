@@ -134,3 +134,42 @@ def test_a_job_that_prints_no_framework_is_not_parsed() -> None:
     line = MEGATRON.format(i=0, it=1, s=32, loss="1.0").encode()
     sent = batches("job-f", [(line, "stdout")])
     assert none.rows(json.loads(encode_event(sent[0]))) == []
+
+
+async def test_log_rules_read_the_stored_lines_with_the_engine(client, db: str) -> None:  # type: ignore[no-untyped-def]
+    """Every built-in log rule's pattern runs in the engine (RE2), and an
+    RCCL watchdog line opens an infra alert about its job."""
+    import time as clock
+
+    from libs.events import LensAlert
+    from services.lens_collector.alerting import LOG_SQL, AlertLoop
+    from services.lens_collector.alerts import AlertConfig, AlertEngine
+    from services.lens_collector.log_alerts import LogAlerts, load_rules
+
+    now = clock.time()
+    timeout = ("[rank3]:[E1203 10:00:00.1 ProcessGroupNCCL.cpp:616] [Rank 3] Watchdog caught "
+               "collective operation timeout: WorkNCCL(SeqNum=42, OpType=ALLREDUCE) ran for "
+               "600000 milliseconds before timing out.")
+    sent = batches("job-g", [(b"step 1", "stdout"), (timeout.encode(), "stderr"),
+                             (b"Traceback (most recent call last):", "stderr")], rank=3,
+                   at=now - 4)
+    store(client, db, OUTPUT, items(sent))
+    rules = LogAlerts(load_rules())
+
+    async def query(sql: str, params: dict) -> list:  # type: ignore[type-arg]
+        return client.query(sql.replace("{db}", db), parameters=params).result_rows
+
+    published: list[LensAlert] = []
+
+    async def publish(event: LensAlert) -> None:
+        published.append(event)
+
+    loop = AlertLoop(AlertEngine(AlertConfig()), query=query, publish=publish, source="t",
+                     interval_s=5, lag_s=0, log_alerts=rules)
+    rows = await query(LOG_SQL, {"frm": int((now - 60) * 1000), "to": int(now * 1000) + 5000,
+                                 "pattern": rules.any_pattern})
+    assert [r[4] for r in rows] == [timeout, "Traceback (most recent call last):"]
+    out = await loop._log_window({"frm": int((now - 60) * 1000), "to": int(now * 1000) + 5000},
+                                 now)
+    assert {(t.rule, t.fault_class, t.job) for t in out} == {
+        ("log_collective_timeout", "infra", "job-g"), ("log_traceback", "user", "job-g")}
