@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from cli.client import CliError, connect, lens_query, read_bucket
-from libs.records import JOBS, NODES, JobRecord
+from libs.records import FAULTS, JOBS, NODES, JobRecord
 from libs.settings import Settings
 
 
@@ -23,6 +23,8 @@ async def explain(job: str, settings: Settings) -> dict[str, Any]:
             raise CliError(f"no job {job!r}; `primus-safe jobs` lists them")
         nodes = await read_bucket(bus, NODES, missing_ok=True)
         degraded = sorted({n for n in record.nodes if n in nodes and nodes[n].degraded})
+        faults = sorted((f for f in (await read_bucket(bus, FAULTS, missing_ok=True)).values()
+                         if job in f.jobs), key=lambda f: f.opened_at)
         note = None
         try:
             history = await lens_query(bus, "events", job=job, node="", limit=500)
@@ -32,7 +34,12 @@ async def explain(job: str, settings: Settings) -> dict[str, Any]:
         await bus.close()
     doc: dict[str, Any] = {"job": record.model_dump(mode="json"), "history": history,
                            "logs": worker_logs(Path(settings.state_dir), job, record.attempt),
-                           "degraded_nodes": degraded}
+                           "degraded_nodes": degraded,
+                           "faults": [{"fault_id": f.fault_id, "kind": f.kind, "key": f.key,
+                                       "status": f.status, "reason": f.reason,
+                                       "resume_step": f.resume_step.get(job),
+                                       "lost_work_s": f.lost_work_s.get(job), **f.timings()}
+                                      for f in faults]}
     if note is not None:
         doc["history_note"] = note
     return doc
@@ -82,8 +89,17 @@ def describe(doc: dict[str, Any]) -> str:
     if r.spec.max_runtime_s is not None:
         lines.append(f"max runtime: {r.spec.max_runtime_s:g} s ({r.run_s:.0f} s used by ended "
                      "attempts)")
+    for f in doc.get("faults", []):
+        cost = (f"; resumed from step {f['resume_step']}, {f['lost_work_s']:.0f} s of training "
+                "redone" if f.get("resume_step") is not None else
+                "; no checkpoint known: it starts over")
+        recovered = (f", training again {f['first_step_s']} s after the last healthy sign"
+                     if f.get("first_step_s") is not None else "")
+        lines.append(f"fault {f['fault_id']} ({f['kind']} on {f['key']}, {f['status']}): "
+                     f"{f['reason']}{cost}{recovered}")
     if doc.get("logs"):
-        lines.append("worker logs: " + ", ".join(doc["logs"]))
+        lines.append("worker logs: " + ", ".join(doc["logs"]) + f" (and `primus-safe logs "
+                     f"{r.id}`)")
     if doc["history"]:
         lines.append("history:")
         for e in doc["history"]:

@@ -292,7 +292,8 @@ def dispatch(args: argparse.Namespace) -> int:
                 for r in faults if r.failover and r.jobs]
         print_rows(rows, args.json, ["fault_id", "key", "kind", "status", "jobs",
                                      "detection_s", "mitigation_s", "replacement_s",
-                                     "first_step_s"], "recoveries")
+                                     "first_step_s", "resume_step", "lost_work_s"],
+                   "recoveries")
         return 0
     if args.verb == "health":
         node = args.node or (load_settings().node_name if args.service == "bench-agent" else None)

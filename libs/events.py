@@ -845,6 +845,41 @@ class JobRecover(Event):
     data: JobRecoverData
 
 
+class JobProgressData(Frozen):
+    attempt: int = Field(ge=1)
+    iteration: int = Field(ge=0)
+
+
+class JobProgress(Event):
+    """Lens read an attempt's first training step from the job's output (a
+    job that does not report through the SDK); failover ends a recovery's
+    timing with it, as it does with the SDK's first step."""
+
+    subject_template = "{root}.job.{job}.progress"
+    type: Literal["job.progress"] = "job.progress"
+    job: str
+    data: JobProgressData
+
+
+class JobCheckpointData(Frozen):
+    attempt: int = Field(ge=1, description="the attempt running when it was found")
+    iteration: int = Field(ge=0, description="the step it holds (what a restart resumes from)")
+    path: str
+    layout: str = Field(description="megatron, deepspeed, torchtitan, dcp, hf or sdk "
+                        "(libs/checkpoint_layouts.py)")
+    saved_at: datetime = Field(description="when it was complete (its newest file's time)")
+
+
+class JobCheckpoint(Event):
+    """The newest complete checkpoint in a job's checkpoint directory changed:
+    found by a directory watch, whichever framework wrote it."""
+
+    subject_template = "{root}.job.{job}.checkpoint"
+    type: Literal["job.checkpoint"] = "job.checkpoint"
+    job: str
+    data: JobCheckpointData
+
+
 # --------------------------------------------------------------------------- telemetry
 
 
@@ -1148,6 +1183,8 @@ EVENT_TYPES: tuple[type[Event], ...] = (
     FaultRecovered,
     FaultClosed,
     JobRecover,
+    JobProgress,
+    JobCheckpoint,
     NodeTelemetry,
     JobTelemetry,
     LogRecord,
@@ -1188,6 +1225,8 @@ AnyEvent = Annotated[
     | FaultRecovered
     | FaultClosed
     | JobRecover
+    | JobProgress
+    | JobCheckpoint
     | NodeTelemetry
     | JobTelemetry
     | LogRecord

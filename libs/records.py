@@ -180,6 +180,12 @@ class FaultRecord(Record):
     replaced_at: dict[str, float] = Field(default_factory=dict, description="job -> re-placement")
     replaced_attempt: dict[str, int] = Field(default_factory=dict)
     first_step_at: dict[str, float] = Field(default_factory=dict, description="job -> first step")
+    resume_step: dict[str, int] = Field(
+        default_factory=dict, description="job -> the step of its newest complete checkpoint "
+        "when the fault opened: where its restart continues")
+    lost_work_s: dict[str, float] = Field(
+        default_factory=dict, description="job -> training time redone: from that "
+        "checkpoint's save to the last healthy sign")
 
     def timings(self) -> dict[str, float | None]:
         """Seconds from the last healthy sign: detection, mitigation (the node

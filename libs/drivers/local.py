@@ -29,12 +29,16 @@ import socket
 import sys
 import time
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 
-from libs.checkpoint_layouts import discover, resume_step
+from libs.checkpoint_layouts import Found, discover, resume_step
+from libs.checkpoint_watch import CheckpointWatch
 from libs.drivers.base import EventSink, NodeWorkers
 from libs.drivers.local_worker import write_atomic, write_exit
 from libs.events import (
+    JobCheckpoint,
+    JobCheckpointData,
     JobSpec,
     WorkerExited,
     WorkerExitedData,
@@ -94,6 +98,8 @@ class LocalDriver:
         self.job_credential_key = job_credential_key
         self.source = source
         self._workers: dict[str, list[_Worker]] = {}
+        self._watches: dict[str, CheckpointWatch] = {}  # job -> its checkpoint directory's
+        self._watch_attempt: dict[str, int] = {}
         self._log = get_logger(component="local-driver")
 
     def _env(self, job: str, attempt: int, spec: JobSpec, slot: WorkerSlot, world: int,
@@ -246,6 +252,7 @@ class LocalDriver:
         port = int(port_file.read_text())
         started = await self._settle(job, attempt, [s.rank for s in slots])
         resume = self._resume_step(job, len(slots))
+        await self._watch_checkpoints(job, attempt, len(slots))
         (self.state_dir / "intents").mkdir(parents=True, exist_ok=True)
         for slot in sorted(slots, key=lambda s: s.rank):
             if slot.rank in started:
@@ -290,6 +297,31 @@ class LocalDriver:
             await self._announce_start(worker)
             worker.watcher = asyncio.create_task(self._watch(worker))
 
+    async def _watch_checkpoints(self, job: str, attempt: int, world: int) -> None:
+        """While the job runs here: its newest complete checkpoint, as the
+        framework wrote it, told as ``job.checkpoint`` (failover's lost-work
+        accounting, Lens). One watch per job; a new attempt takes it over."""
+        self._watch_attempt[job] = attempt
+        if job in self._watches:
+            return
+
+        async def tell(found: Found, step: int, saved_at: datetime) -> None:
+            await self._emit(JobCheckpoint(
+                id=f"{job}-checkpoint-{found.layout}-{step}", source=self.source, job=job,
+                data=JobCheckpointData(attempt=self._watch_attempt.get(job, attempt),
+                                       iteration=step, path=found.path, layout=found.layout,
+                                       saved_at=saved_at)))
+
+        watch = CheckpointWatch(self._checkpoints(job), tell, world_size=world)
+        self._watches[job] = watch
+        await watch.start()
+
+    async def _unwatch(self, job: str) -> None:
+        watch = self._watches.pop(job, None)
+        self._watch_attempt.pop(job, None)
+        if watch is not None:
+            await watch.stop()
+
     async def _refuse(self, job: str, attempt: int, slot: WorkerSlot, log_path: Path,
                       code: int, reason: str) -> None:
         """A rank that cannot start (its executable or workdir is missing)
@@ -327,11 +359,13 @@ class LocalDriver:
                 await self._announce_start(worker)
             worker.watcher = asyncio.create_task(self._watch(worker))
             adopted += 1
+            gang = len(list((self.state_dir / "ranks").glob(f"{job}-a{attempt}-r*")))
+            await self._watch_checkpoints(job, int(attempt), gang or 1)
         await self._report_unheard_exits()
         await self._report_lost_ranks()
         return adopted
 
-    async def _emit(self, event: WorkerStarted | WorkerExited) -> None:
+    async def _emit(self, event: WorkerStarted | WorkerExited | JobCheckpoint) -> None:
         """Publish until it is out. A bus outage longer than a request waits
         must not lose a worker's start or exit (the scheduler holds a gang
         until every rank's exit is known), nor kill the watcher that owns
@@ -387,6 +421,8 @@ class LocalDriver:
             worker.pid_file.unlink()
         with contextlib.suppress(ValueError):
             self._workers.get(worker.job, []).remove(worker)
+        if not self._workers.get(worker.job):
+            await self._unwatch(worker.job)  # its last rank ended: nothing more to save
 
     def ignored(self, spec: JobSpec) -> list[str]:
         """Processes on this machine: no image, pod resources, volumes,
@@ -420,6 +456,8 @@ class LocalDriver:
     async def close(self) -> None:
         for job in list(self._workers):
             await self.stop(job, grace_s=5.0)
+        for job in list(self._watches):
+            await self._unwatch(job)
 
     async def detach(self) -> None:
         """Stop watching without stopping the workers (a scheduler restart
@@ -427,6 +465,8 @@ class LocalDriver:
         watchers = [w.watcher for workers in self._workers.values() for w in workers]
         self._workers.clear()
         await cancel_and_wait(watchers)
+        for job in list(self._watches):
+            await self._unwatch(job)
 
 
 def cannot_run(argv: list[str], cwd: str, path: str) -> tuple[int, str] | None:

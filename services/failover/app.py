@@ -39,10 +39,12 @@ from libs.events import (
     FaultOpenedData,
     FaultRecovered,
     JobCancelled,
+    JobCheckpoint,
     JobCompleted,
     JobFailed,
     JobPlaced,
     JobPreempted,
+    JobProgress,
     JobRecover,
     JobRecoverData,
     JobStopped,
@@ -228,6 +230,8 @@ class Failover:
                            | JobCancelled) -> None:
         """The run ended (a preempted or stopped job is placed again later, afresh)."""
         self.placements.pop(event.job, None)
+        if isinstance(event, JobCompleted | JobFailed | JobCancelled):
+            self.book.forget_job(event.job)  # done for good: no restart to account for
         await self._act(self.book.job_ended(event.job, time.time()))
 
     async def on_bench_result(self, event: BenchResult) -> None:
@@ -266,7 +270,20 @@ class Failover:
         for event, _ in batch:
             if event.data.checkpoint_path is None:
                 decisions += self.book.job_stepped(event.job, event.data.attempt, now)
+            else:  # the SDK saved one (every rank reports its part; the step is the same)
+                self.book.checkpoint(event.job, event.data.iteration,
+                                     min(event.time.timestamp(), now))
         await self._act(decisions)
+
+    async def on_job_progress(self, event: JobProgress) -> None:
+        """An attempt's first step, read by Lens from the job's output (no SDK)."""
+        await self._act(self.book.job_stepped(event.job, event.data.attempt, time.time()))
+
+    async def on_job_checkpoint(self, event: JobCheckpoint) -> None:
+        """A newer complete checkpoint in the job's directory (the watch)."""
+        self.book.checkpoint(event.job, event.data.iteration,
+                             min(event.data.saved_at.timestamp(), time.time()))
+        await self._act([])
 
     async def _watch(self) -> None:
         assert self.bus is not None

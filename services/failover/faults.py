@@ -93,6 +93,14 @@ class FaultBook:
     rules: FailoverRules
     streaks: dict[tuple[str, str], int] = field(default_factory=dict)
     faults: dict[str, Fault] = field(default_factory=dict)
+    # job -> (step, saved at) of its newest complete checkpoint: from the
+    # SDK's reports or the directory watch (job.checkpoint), whichever.
+    checkpoints: dict[str, tuple[int, float]] = field(default_factory=dict)
+
+    def checkpoint(self, job: str, iteration: int, saved_at: float) -> None:
+        known = self.checkpoints.get(job)
+        if known is None or (iteration, saved_at) > known:
+            self.checkpoints[job] = (iteration, saved_at)
 
     def active(self, kind: str, key: str) -> Fault | None:
         return next((f for f in self.faults.values()
@@ -122,6 +130,11 @@ class FaultBook:
         fault = Fault(fault_id=f"{kind.replace(':', '-')}-{key}-{int(now * 1000)}", kind=kind,
                       scope=rule.scope, key=key, reason=reason, jobs=jobs, failover=rule.failover,
                       last_good=now if last_good is None else last_good, opened_at=now)
+        for job in jobs:  # what the fault costs each job: redone since its checkpoint
+            if job in self.checkpoints:
+                step, saved_at = self.checkpoints[job]
+                fault.resume_step[job] = step
+                fault.lost_work_s[job] = round(max(0.0, fault.last_good - saved_at), 3)
         self.faults[fault.fault_id] = fault
         decisions = [Decision("open", fault)]
         if rule.scope == "job" and rule.failover:
@@ -164,6 +177,9 @@ class FaultBook:
             if job in fault.jobs and fault.failover and job not in fault.replaced_at \
                     and now >= fault.opened_at:
                 fault.replaced_at[job], fault.replaced_attempt[job] = now, attempt
+
+    def forget_job(self, job: str) -> None:
+        self.checkpoints.pop(job, None)
 
     def job_ended(self, job: str, now: float) -> list[Decision]:
         """The run a fault was about is over: ``job`` completed, failed, or

@@ -33,6 +33,8 @@ from libs.events import (
     JobCompleted,
     JobFailed,
     JobPreempted,
+    JobProgress,
+    JobProgressData,
     JobStopped,
     JobSubmitted,
 )
@@ -89,6 +91,7 @@ class LensCollector:
         self.batch, self.fill_s, self.ack_wait_s = batch, fill_s, ack_wait_s
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="clickhouse")
         self.client: Client | None = None
+        self.bus: Bus | None = None
         self.rows_written: Counter[str] = Counter()
         # Workers' output as job telemetry; used on the store thread only.
         self.log_telemetry = LogTelemetry(self._format_of)
@@ -116,6 +119,7 @@ class LensCollector:
         # garbage less often, and never rescan what start-up built.
         gc.freeze()
         gc.set_threshold(50_000, 20, 100)
+        self.bus = bus
         self.client = await self._store(open_store, self.settings.store_dsn)
         applied = await self._store(migrate, self.client, self.db, MIGRATIONS)
         await self._store(self._logs_retention)
@@ -182,6 +186,7 @@ class LensCollector:
             groups.setdefault(route, []).append(Item(
                 msg.data, event_id, msg.subject[len(route.prefix):], _delivered(msg), msg))
         refused: list[tuple[Msg, str]] = early + await self._store(self._ingest, groups)
+        await self._announce_first_steps()
         events: list[tuple[Event, int]] = []
         for msg in others:  # not telemetry after all: read as every consumer reads events
             read = event_or_reason(msg.subject, msg.data)
@@ -208,6 +213,16 @@ class LensCollector:
         self.insert_s += time.perf_counter() - started
         self.inserts += 1
         return refused
+
+    async def _announce_first_steps(self) -> None:
+        """An attempt's first step read from its output, for failover (the
+        id makes a repeat, from another replica or a restart, a no-op)."""
+        steps, self.log_telemetry.first_steps = self.log_telemetry.first_steps, []
+        for job, attempt, iteration in steps:
+            assert self.bus is not None
+            await self.bus.publish(JobProgress(
+                id=f"{job}-a{attempt}-progress", source=self.name, job=job,
+                data=JobProgressData(attempt=attempt, iteration=iteration)))
 
     def _parse_output(self, items: list[Item], refused: set[int]) -> None:
         """Job telemetry from the stored batches of workers' output."""

@@ -50,6 +50,7 @@ class _Job:
     held: deque[tuple[dict[str, Any], int]] = field(default_factory=deque)
     seen: int = 0
     last_iteration: dict[tuple[int, int], int] = field(default_factory=dict)
+    progressed: set[int] = field(default_factory=set)  # attempts with a step read
 
 
 class LogTelemetry:
@@ -61,6 +62,9 @@ class LogTelemetry:
         self.format_of = format_of
         self.jobs: dict[str, _Job] = {}
         self.parsed = 0
+        # (job, attempt, iteration) of each attempt's first step read: the
+        # collector announces it (job.progress) for failover's timing.
+        self.first_steps: list[tuple[str, int, int]] = []
 
     def wants(self, job: str) -> bool:
         """Whether a batch of ``job`` is worth decoding (its format is not
@@ -141,6 +145,9 @@ class LogTelemetry:
         if iteration is None:
             iteration = job.last_iteration.get(key, 0) + (parsed.kind == "progress")
         job.last_iteration[key] = iteration
+        if parsed.kind == "progress" and attempt not in job.progressed:
+            job.progressed.add(attempt)
+            self.first_steps.append((batch["job"], attempt, iteration))
         v = parsed.values
         checkpoint = (parsed.path or f"iteration {iteration}") \
             if parsed.kind == "checkpoint" else None

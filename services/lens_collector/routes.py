@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from libs.events import EVENT_TYPES, LensAlert, LogRecord
+from libs.events import EVENT_TYPES, JobProgress, LensAlert, LogRecord
 from libs.routes import Consumer, On, Routes, Serve, events_of
 from libs.topology import CONTROL, TELEMETRY
 from services.lens_collector.protocol import LENS_QUERY
@@ -23,7 +23,7 @@ ROUTES = Routes(
                  mode="raw", batch=20000, fill_s=0.8, inflight=2,
                  summary="node, job and log telemetry, handed to the engine as raw JSON"),
     ),
-    publishes=(LensAlert, LogRecord),
+    publishes=(LensAlert, LogRecord, JobProgress),
     serves=(Serve(LENS_QUERY, "on_query", queue="lens"),),
     leases=(ALERTS_ROLE,),
 )

@@ -6,6 +6,7 @@ from libs.drivers.base import NODE_WORKERS
 from libs.events import (
     JobCancelled,
     JobCancelRequested,
+    JobCheckpoint,
     JobCompleted,
     JobDeleted,
     JobDeleteRequested,
@@ -49,7 +50,7 @@ ROUTES = Routes(
     # The cluster drivers run inside the scheduler and report the workers
     # they start and see exit; every service may ship its log lines.
     publishes=(JobPlaced, JobPending, JobPreempted, JobCompleted, JobFailed, JobStopped,
-               JobCancelled, JobDeleted, WorkerStarted, WorkerExited, LogRecord),
+               JobCancelled, JobDeleted, WorkerStarted, WorkerExited, JobCheckpoint, LogRecord),
     # A job's end, looked up before it is published again (an outage may
     # have kept the first publish from going out).
     rereads=(JobCompleted, JobFailed),
