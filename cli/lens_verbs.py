@@ -2,7 +2,10 @@
 the bus with the collector's named queries (never SQL from here).
 
 - ``lens node NODE``: the node's telemetry, its GPUs now, its open alerts;
-- ``lens job JOB``: loss curve, throughput, checkpoints and alerts;
+- ``lens job JOB``: loss curve, throughput, checkpoints and alerts, and
+  the GPUs it ran on (node, rank, utilisation, VRAM, power) with its GPU-hours;
+- ``lens gpu-hours [--workspace W] [--job J] [--since T] [--until T]
+  [--by job|workspace]``: GPU-hours per job (default) or per workspace;
 - ``lens events [--job J] [--node N]``: metrics, events, alerts and logs on
   one timeline;
 - ``lens alerts [--job J] [--node N] [--open]`` and ``lens logs ...``;
@@ -23,11 +26,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
 from cli.client import CliError, connect, lens_query
-from cli.output import format_table
+from cli.output import format_table, time_ms
 from libs.settings import Settings
 
 
@@ -37,6 +41,15 @@ def add_parser(sub: Any) -> None:
     s = lsub.add_parser("job", help="loss curve, throughput, checkpoints, alerts of a job")
     s.add_argument("id")
     s.add_argument("--limit", type=int, default=10000)
+    s.add_argument("--json", action="store_true")
+    s = lsub.add_parser("gpu-hours", help="GPU-hours per job or per workspace")
+    s.add_argument("--by", choices=["job", "workspace"], default="job")
+    s.add_argument("--workspace", help="only this workspace's jobs")
+    s.add_argument("--job", help="only this job")
+    s.add_argument("--since", default=None,
+                   help="from: a duration back (2h, 7d, 4w) or a time (ISO 8601); default all")
+    s.add_argument("--until", default=None, help="to (same forms); default now")
+    s.add_argument("--limit", type=int, default=1000, help="at most this many jobs")
     s.add_argument("--json", action="store_true")
     s = lsub.add_parser("node", help="a node's telemetry, its GPUs and alerts")
     s.add_argument("id")
@@ -73,8 +86,6 @@ def add_parser(sub: Any) -> None:
 
 def parse_log(args: argparse.Namespace) -> int:
     """``lens parse``: one record per line that carries telemetry."""
-    import sys
-
     from libs.log_formats import Parser
     from libs.specs import SpecError
 
@@ -164,6 +175,8 @@ async def fetch(args: argparse.Namespace) -> Any:
         verb = args.lens_verb
         if verb == "job":
             return await job_data(bus, args.id, args.limit)
+        if verb == "gpu-hours":
+            return await gpu_hours(bus, args)
         if verb == "report":
             data = await job_data(bus, args.job, 100_000)
             data["timeline"] = await lens_query(bus, "timeline", job=args.job, limit=2000)
@@ -186,8 +199,22 @@ async def fetch(args: argparse.Namespace) -> Any:
         await bus.close()
 
 
+async def gpu_hours(bus: Any, args: argparse.Namespace) -> list[dict[str, Any]]:
+    window = {"since_ms": time_ms(args.since, "--since"),
+              "until_ms": time_ms(args.until, "--until"),
+              "workspace": args.workspace or "", "job": args.job or ""}
+    if args.by == "workspace":
+        return await lens_query(bus, "workspace_gpu_hours", **window)
+    return await lens_query(bus, "gpu_hours", limit=args.limit, **window)
+
+
 async def job_data(bus: Any, job: str, limit: int) -> dict[str, Any]:
+    gpus = await lens_query(bus, "job_gpus", job=job)
     return {
+        # each GPU it ran on; GPU-hours from the raw rows (the roll-up that
+        # gpu-hours reads lags by a minute or two)
+        "gpus": gpus,
+        "gpu_hours": round(sum(g["gpu_hours"] or 0.0 for g in gpus), 6),
         "summary": await _first(bus, "job_summary", job=job),
         "series": await lens_query(bus, "job_series", job=job, limit=limit),
         "throughput": await lens_query(bus, "job_throughput", job=job),
@@ -210,12 +237,20 @@ def show(args: argparse.Namespace, result: Any) -> None:
     verb = args.lens_verb
     if verb == "job":
         s = result["summary"]
-        if not s.get("samples"):
+        if not s.get("samples") and not result["gpus"]:
             raise CliError(f"no telemetry for job {args.id!r} yet")
-        print(f"job {args.id}: {s['ranks']} rank(s), iterations up to {s['last_iteration']}, "
-              f"loss {_num(s['first_loss'])} -> {_num(s['last_loss'])}, "
-              f"{s['checkpoints']} checkpoint file(s), mean throughput "
-              f"{_num(s['mean_throughput'])} samples/s per rank")
+        if s.get("samples"):
+            print(f"job {args.id}: {s['ranks']} rank(s), iterations up to "
+                  f"{s['last_iteration']}, loss {_num(s['first_loss'])} -> "
+                  f"{_num(s['last_loss'])}, {s['checkpoints']} checkpoint file(s), mean "
+                  f"throughput {_num(s['mean_throughput'])} samples/s per rank")
+        if result["gpus"]:
+            print(f"job {args.id}: {len(result['gpus'])} GPU(s), "
+                  f"{_num(result['gpu_hours'])} GPU-hours")
+            table([gpu_row(g) for g in result["gpus"]],
+                  ["node", "gpu", "rank", "attempt", "util", "util_now", "vram", "power",
+                   "power_now"],
+                  "GPUs (utilisation and power: mean over the job, and now)")
         step = max(1, len(result["series"]) // 12)
         table(result["series"][::step], ["iteration", "loss", "throughput", "step_time_s"],
               "loss curve (sampled)")
@@ -226,6 +261,15 @@ def show(args: argparse.Namespace, result: Any) -> None:
         table([{**e, "detail": summary(e["type"], json.loads(e["data"]) if isinstance(
             e["data"], str) else e["data"])} for e in result["lifecycle"]],
             ["time", "type", "detail"], "lifecycle")
+    elif verb == "gpu-hours":
+        if args.by == "workspace":
+            table(result, ["workspace", "jobs", "gpu_hours", "first_time", "last_time"],
+                  "GPU-hours per workspace")
+        else:
+            table(result, ["job", "workspace", "attempts", "gpus", "gpu_hours", "first_time",
+                           "last_time"], "GPU-hours per job")
+        if not result:
+            print("no GPU time of any job in that window", file=sys.stderr)
     elif verb == "node":
         s = result["summary"]
         if not s.get("samples"):
@@ -242,6 +286,20 @@ def show(args: argparse.Namespace, result: Any) -> None:
         table(result, ["time", "service", "level", "node", "job", "message"], "logs")
     else:
         table(result, ["time", "kind", "name", "node", "job", "detail"], "timeline")
+
+
+def gpu_row(g: dict[str, Any]) -> dict[str, Any]:
+    """One GPU of a job as the table shows it (units in the cells)."""
+    used, total = g.get("vram_used_bytes"), g.get("vram_total_bytes")
+    vram = "-" if used is None else f"{used / 2**30:.1f}" + (
+        f"/{total / 2**30:.0f} GiB" if total else " GiB")
+    return {**g, "util": _unit(g.get("util_pct"), "%"),
+            "util_now": _unit(g.get("util_pct_last"), "%"), "vram": vram,
+            "power": _unit(g.get("power_w"), " W"), "power_now": _unit(g.get("power_w_last"), " W")}
+
+
+def _unit(value: Any, unit: str) -> str:
+    return "-" if value is None else f"{value:.1f}{unit}"
 
 
 def table(rows: list[dict[str, Any]], columns: list[str], title: str) -> None:

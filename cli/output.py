@@ -11,11 +11,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 import time
 from collections.abc import Callable, Sequence
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from cli.client import CliError
 from libs.settings import Settings
 
 
@@ -31,6 +34,30 @@ def add_output_flags(parser: argparse.ArgumentParser, *, watch: bool = True) -> 
         parser.add_argument("-w", "--watch", action="store_true",
                             help="redraw the table every --interval seconds until Ctrl-C")
         parser.add_argument("--interval", type=float, default=2.0, help=argparse.SUPPRESS)
+
+
+_DURATION = re.compile(r"^(\d+(?:\.\d+)?)([smhdw])$")
+_UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+
+
+def time_ms(text: str | None, flag: str, now: datetime | None = None) -> int:
+    """A time flag (``--since``, ``--until``) as epoch milliseconds: a
+    duration back from now (30s, 10m, 2h, 7d, 4w) or a time (ISO 8601, UTC
+    unless it says otherwise); 0 when not given."""
+    if not text:
+        return 0
+    now = now or datetime.now(UTC)
+    duration = _DURATION.match(text.strip())
+    if duration:
+        ago = timedelta(seconds=float(duration.group(1)) * _UNIT_S[duration.group(2)])
+        return int((now - ago).timestamp() * 1000)
+    try:
+        when = datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
+    except ValueError:
+        raise CliError(f"{flag} {text!r}: write a duration (30s, 10m, 2h, 7d, 4w) or a time "
+                       "(2026-12-01T12:00:00Z)") from None
+    when = when if when.tzinfo else when.replace(tzinfo=UTC)
+    return int(when.timestamp() * 1000)
 
 
 def format_table(rows: Sequence[dict[str, Any]], columns: Sequence[str]) -> str:

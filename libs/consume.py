@@ -24,6 +24,7 @@ import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
 
 import nats.errors
@@ -93,10 +94,14 @@ class Consumers:
 
     def consume(self, *, durable: str, subjects: Sequence[str], stream: StreamSpec,
                 handler: EventHandler | None = None, batch_handler: BatchHandler | None = None,
-                batch: int = 64, max_deliver: int = 5, ack_wait_s: float = 30.0) -> None:
+                batch: int = 64, max_deliver: int = 5, ack_wait_s: float = 30.0,
+                replay_s: float | None = None) -> None:
         """Start a durable pull consumer in the background. Exactly one of
         ``handler`` (events one at a time, in stream order) and
-        ``batch_handler`` (a whole fetched batch at once) is given."""
+        ``batch_handler`` (a whole fetched batch at once) is given. With
+        ``replay_s`` a durable made now starts that many seconds back in
+        the stream (not at its beginning); one that exists goes on from where
+        it was, whatever it was made with."""
         if (handler is None) == (batch_handler is None):
             raise ValueError("give exactly one of handler and batch_handler")
 
@@ -104,7 +109,8 @@ class Consumers:
             await self._dispatch(msgs, handler, batch_handler, max_deliver)
 
         self._start(durable, list(subjects), stream, on_msgs, batch=batch, fill_s=0.0,
-                    max_deliver=max_deliver, ack_wait_s=ack_wait_s, inflight=1)
+                    max_deliver=max_deliver, ack_wait_s=ack_wait_s, inflight=1,
+                    replay_s=replay_s)
 
     def consume_raw(self, *, durable: str, subjects: Sequence[str], stream: StreamSpec,
                     handler: RawBatchHandler, batch: int = 1000, fill_s: float = 0.2,
@@ -133,7 +139,7 @@ class Consumers:
     def _start(self, durable: str, subjects: list[str], stream: StreamSpec,
                on_msgs: Callable[[list[Msg], Puller], Awaitable[None]], *, batch: int,
                fill_s: float, max_deliver: int, ack_wait_s: float, inflight: int,
-               lean: bool = False) -> None:
+               lean: bool = False, replay_s: float | None = None) -> None:
         config = api.ConsumerConfig(
             # Created by name, a single filter travels in the API subject
             # (CONSUMER.CREATE.<stream>.<name>.<filter>), where the server's
@@ -148,6 +154,9 @@ class Consumers:
             filter_subject=subjects[0] if len(subjects) == 1 else None,
             max_ack_pending=max(1000, batch * (inflight + 3)),
         )
+        if replay_s is not None:
+            config.deliver_policy = api.DeliverPolicy.BY_START_TIME
+            config.opt_start_time = datetime.now(UTC) - timedelta(seconds=replay_s)
         bus = self.bus
         if lean and bus.url and natsfast.supported(bus.url):
             link: Any = LeanLink(bus.nc, bus.url, bus.token, name=f"{bus.service}:{durable}")
@@ -164,7 +173,8 @@ class Consumers:
                     puller: Puller, on_msgs: Callable[[list[Msg], Puller], Awaitable[None]],
                     batch: int, fill_s: float, inflight: int) -> None:
         try:
-            await self.bus.js.add_consumer(stream.name, config)
+            if config.opt_start_time is None or not await self._exists(stream, durable):
+                await self.bus.js.add_consumer(stream.name, config)
         except nats.js.errors.APIError as exc:  # exists with other settings: use it
             self._log.warning("consumer kept as it was", durable=durable, error=str(exc))
         slots = asyncio.Semaphore(inflight)
@@ -208,6 +218,16 @@ class Consumers:
         finally:
             if running:  # let batches in flight finish: their effect is durable, ack it
                 await asyncio.gather(*running, return_exceptions=True)
+
+    async def _exists(self, stream: StreamSpec, durable: str) -> bool:
+        """Whether the durable is there already. A durable made to start at
+        a time goes on from where it was: its start cannot be changed, and
+        asking would only be refused."""
+        try:
+            await self.bus.js.consumer_info(stream.name, durable)
+        except nats.js.errors.NotFoundError:
+            return False
+        return True
 
     # ------------------------------------------------------------------ handling
 

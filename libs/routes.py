@@ -64,7 +64,11 @@ class Consumer:
     handler decodes messages itself (the telemetry hot path) and returns
     those it refuses with the reason. ``leader``: consumed only while the
     service leads its role (started and stopped with each term). A durable
-    with ``{node}`` in its name is one per node, filtered to that node."""
+    with ``{node}`` in its name is one per node, filtered to that node.
+    ``replay_s``: a new durable starts this many seconds back in the stream
+    instead of at its beginning, for a service that rebuilds its state from
+    a KV bucket at start and needs only the changes since (replaying a
+    month of history would only be undone by the bucket)."""
 
     durable: str
     stream: StreamSpec
@@ -76,6 +80,7 @@ class Consumer:
     fill_s: float = 0.2  # raw: how long a batch may take to fill
     inflight: int = 2  # raw: batches handled at once
     leader: bool = False
+    replay_s: float | None = None
     summary: str = ""
 
     def __post_init__(self) -> None:

@@ -113,7 +113,8 @@ class Wiring:
             if c.mode == "each":
                 group.consume(durable=name, subjects=subjects, stream=c.stream,
                               handler=_dispatcher(c, self.handlers), batch=c.batch,
-                              max_deliver=c.max_deliver, ack_wait_s=c.ack_wait_s)
+                              max_deliver=c.max_deliver, ack_wait_s=c.ack_wait_s,
+                              replay_s=c.replay_s)
             elif c.mode == "batch":
                 group.consume(durable=name, subjects=subjects, stream=c.stream,
                               batch_handler=handler, batch=c.batch,

@@ -4,6 +4,10 @@ answers ``bench.request`` for its node with a measured, judged
 ``bench.result``. Measuring lives in levels/probes, judging in verdict and
 schedule; this module only wires them to the bus.
 
+Its telemetry names the job, attempt and rank holding each GPU: it keeps
+this node's placements (``placements``) from the scheduler's events, read
+afresh from the ``jobs`` bucket each time it starts.
+
 A level whose checks fail is run once more before the result says so: a node
 is reported failed only when the failure repeats. A request that carries a
 rendezvous runs only this node's share of a multi-node collective.
@@ -32,18 +36,27 @@ from libs.events import (
     BenchResult,
     BenchResultData,
     HeartbeatData,
+    JobCancelled,
+    JobCompleted,
+    JobDeleted,
+    JobFailed,
+    JobPlaced,
+    JobStopped,
     NodeAgentStopping,
     NodeHeartbeat,
     NodeTelemetry,
+    WorkerExited,
 )
 from libs.logs import get_logger
+from libs.records import JOBS
 from libs.settings import Settings
 from libs.tasks import cancel_and_wait
 from libs.wiring import wire
 from services.bench import levels, probes
 from services.bench.config import ConfigFile
 from services.bench.host_metrics import HostSampler
-from services.bench.node_sampler import NodeSampler
+from services.bench.node_sampler import GpuSource, NodeSampler
+from services.bench.placements import Placements, attributed
 from services.bench.protocol import PAIR, PROGRESS, SHARE, BenchProgress, PairRequest
 from services.bench.routes import AGENT
 from services.bench.schedule import ProbeSchedule, Report, Skip, Start
@@ -114,10 +127,12 @@ class BenchAgent:
     name = "bench-agent"
     routes = AGENT
 
-    def __init__(self, settings: Settings, node: str, config_path: str | Path | None = None
-                 ) -> None:
+    def __init__(self, settings: Settings, node: str, config_path: str | Path | None = None,
+                 *, gpus: GpuSource | None = None) -> None:
         self.settings = settings
         self.node = node
+        self.gpus = gpus  # None: the node's own GPU tools (tests pass recorded ones)
+        self.placements = Placements(node)
         self.source = f"bench-agent/{node}"
         self.bus: Bus | None = None
         self.host = HostSampler()
@@ -147,7 +162,23 @@ class BenchAgent:
             asyncio.create_task(self._telemetry()),
             asyncio.create_task(self._probe_loop()),
         ]
+        # Read before the events are: they start a few minutes back (replay_s)
+        # and are applied over what was read, which only an event can undo.
+        await self._rebuild_placements()
         await wire(bus, AGENT, self, node=self.node)
+
+    async def _rebuild_placements(self) -> None:
+        """The placements on this node that the scheduler's job records hold
+        now, oldest placement first (the GPUs are packed in that order)."""
+        assert self.bus is not None
+        try:
+            records = await (await self.bus.records(JOBS)).load()
+        except Exception as exc:  # the events alone tell from now on
+            self._log.warning("job records unreadable; GPUs attributed from new placements",
+                              error=repr(exc))
+            return
+        self.placements.read(records.values())
+        self._log.info("placements read", held=self.placements.snapshot())
 
     async def _heartbeat(self) -> None:
         assert self.bus is not None
@@ -165,15 +196,35 @@ class BenchAgent:
         """One NodeTelemetry per interval, on a fixed schedule (see node_sampler)."""
         assert self.bus is not None
         interval = self.settings.telemetry_interval_s
-        sampler = NodeSampler(host=self.host)
+        sampler = NodeSampler(host=self.host, gpus=self.gpus)
         due = time.monotonic()
         while True:
             due += interval
             await asyncio.sleep(max(0.0, due - time.monotonic()))
             due = max(due, time.monotonic() - interval)  # after a stall, do not burst
             with contextlib.suppress(Exception):
+                data = await sampler.sample()
+                owners = self.placements.owners([g.index for g in data.gpus])
                 await self.bus.publish(NodeTelemetry(source=self.source, node=self.node,
-                                                     data=await sampler.sample()))
+                                                     data=attributed(data, owners)))
+
+    # ------------------------------------------------------------------ placements
+
+    async def on_job_placed(self, event: JobPlaced) -> None:
+        if self.placements.placed(event.job, event.data.attempt, event.data.workers):
+            self._log.info("gpus placed", job=event.job, attempt=event.data.attempt,
+                           held=self.placements.snapshot())
+
+    async def on_worker_exited(self, event: WorkerExited) -> None:
+        if event.node == self.node and self.placements.exited(
+                event.job, event.data.attempt, event.data.rank):
+            self._log.info("gpus freed: worker exited", job=event.job,
+                           attempt=event.data.attempt, rank=event.data.rank)
+
+    async def on_job_ended(self, event: JobCompleted | JobFailed | JobStopped | JobCancelled
+                           | JobDeleted) -> None:
+        if self.placements.ended(event.job, event.data.attempt):
+            self._log.info("gpus freed: job ended", job=event.job, event=event.type)
 
     # ------------------------------------------------------------------ bench requests
 
@@ -446,6 +497,7 @@ class BenchAgent:
     def health(self) -> dict[str, Any]:
         return {"heartbeats": self.beats, "bench_results": self.results,
                 "busy": self.busy, "probe_reports": self.probe_reports,
+                "placements": self.placements.snapshot(),
                 "probes": self.schedule.snapshot(),
                 "config": str(self.config.path) if self.config.path else None,
                 "config_error": self.config.error}

@@ -7,10 +7,17 @@ from libs.drivers.base import NODE_WORKERS
 from libs.events import (
     BenchRequest,
     BenchResult,
+    JobCancelled,
+    JobCompleted,
+    JobDeleted,
+    JobFailed,
+    JobPlaced,
+    JobStopped,
     LogRecord,
     NodeAgentStopping,
     NodeHeartbeat,
     NodeTelemetry,
+    WorkerExited,
 )
 from libs.records import BENCH, JOBS, NODES
 from libs.routes import Consumer, On, Routes, Serve
@@ -25,8 +32,19 @@ AGENT = Routes(
         # with its retry takes long: never redelivered mid-run.
         Consumer("bench-agent-{node}", CONTROL, (On(BenchRequest, "on_bench_request"),),
                  batch=1, ack_wait_s=1800, summary="this node's bench requests"),
+        # Placements and ends of every job (job subjects carry no node): which
+        # job, attempt and rank holds each GPU here, for the telemetry. The
+        # agent rebuilds them from the jobs bucket at start, so a new durable
+        # starts a few minutes back, covering the read, not a month back.
+        Consumer("bench-agent-jobs-{node}", CONTROL, (
+            On(JobPlaced, "on_job_placed"),
+            On(WorkerExited, "on_worker_exited"),
+            *(On(e, "on_job_ended") for e in (JobCompleted, JobFailed, JobStopped, JobCancelled,
+                                                JobDeleted)),
+        ), replay_s=300, summary="placements on this node: who holds its GPUs"),
     ),
     publishes=(NodeHeartbeat, NodeAgentStopping, NodeTelemetry, BenchResult, LogRecord),
+    reads=(JOBS,),  # the placements held when the agent starts
     # PAIR, SHARE, TURN: multi-node runs; NODE_WORKERS: does a job run here
     # (heavy probes are skipped then).
     calls=(PAIR, SHARE, TURN, PROGRESS, NODE_WORKERS),

@@ -3,7 +3,9 @@ the agents and the SDK published them (JSONEachRow) and materialized views
 that spread them into the telemetry tables. Migration 5 made them; migration
 6 remade ``ingest_node`` to read both wire forms of ``telemetry.node``: GPUs
 and NICs as lists of objects (version 1) and as columns (version 2,
-``gpu_columns`` and ``nic_columns``).
+``gpu_columns`` and ``nic_columns``). ``node_ingest`` makes that table and
+its views for a list of GPU fields, so a later migration that adds fields
+remakes them the same way (migration 9, ``gpu_jobs_schema``).
 
 The engine parses the JSON in C++ and checks it with CHECK constraints:
 types, keys that are valid subject tokens, required fields. Required
@@ -27,6 +29,10 @@ _GPU_TYPES = (
     ("xgmi_rx_bytes_s", "Float64"), ("xgmi_tx_bytes_s", "Float64"),
 )
 _KEY = KEY_PATTERN.replace("{", "{{").replace("}", "}}")  # str.format escapes
+# A GPU field of the ingest table: its name, its type there and what the
+# views store of a value ``{v}`` (the readings: the value as it came).
+GpuField = tuple[str, str, str]
+GPU_READINGS: tuple[GpuField, ...] = tuple((n, t, "{v}") for n, t in _GPU_TYPES)
 
 
 def _map(items: str, key: str, value: str, keep: str = "") -> str:
@@ -85,8 +91,14 @@ def _host_view(gpu_count: str, nic_map: Callable[[str, bool], str]) -> str:
 _HOST_FIELDS = """cpu_pct Nullable(Float64), mem_used_bytes Nullable(UInt64),
             mem_total_bytes Nullable(UInt64), load1 Nullable(Float64),
             gpu_tool Nullable(String)"""
-_GPU_ROWS = ("gpus Array(Tuple(index Nullable(UInt8), "
-             f"{', '.join(f'{n} Nullable({t})' for n, t in _GPU_TYPES)}))")
+
+
+def _gpu_rows(fields: tuple[GpuField, ...]) -> str:
+    return ("gpus Array(Tuple(index Nullable(UInt8), "
+            f"{', '.join(f'{n} Nullable({t})' for n, t, _ in fields)}))")
+
+
+_GPU_ROWS = _gpu_rows(GPU_READINGS)
 _OTHER_ROWS = """nics Array(Tuple(name String, rx_bytes_s Float64, tx_bytes_s Float64, rdma Bool)),
             disks Array(Tuple(name String, read_bytes_s Float64, write_bytes_s Float64)),
             filesystems Array(Tuple(mount String, free_bytes UInt64, total_bytes UInt64))"""
@@ -97,11 +109,18 @@ _NODE_CHECKS = f"""CONSTRAINT is_node_telemetry CHECK type = 'telemetry.node',
             AND data.cpu_pct >= 0 AND data.load1 >= 0
             AND arrayAll(g -> isNotNull(tupleElement(g, 'index')), data.gpus)"""
 
-_GPU_ROWS_VIEW = f"""CREATE MATERIALIZED VIEW IF NOT EXISTS {{db}}.ingest_node_gpus
+
+
+def _gpu_rows_view(fields: tuple[GpuField, ...]) -> str:
+    values = ", ".join(v.format(v=f"tupleElement(g, '{n}')") + f" AS {n}" for n, _, v in fields)
+    return f"""CREATE MATERIALIZED VIEW IF NOT EXISTS {{db}}.ingest_node_gpus
     TO {{db}}.gpu_metrics AS
     SELECT time, node, assumeNotNull(tupleElement(g, 'index')) AS gpu, id AS event_id,
-           {", ".join(f"tupleElement(g, '{n}') AS {n}" for n, _ in _GPU_TYPES)}
+           {values}
     FROM {{db}}.ingest_node ARRAY JOIN data.gpus AS g"""
+
+
+_GPU_ROWS_VIEW = _gpu_rows_view(GPU_READINGS)
 
 INGEST_MIGRATION: tuple[str, ...] = (
     f"""CREATE TABLE IF NOT EXISTS {{db}}.ingest_node (
@@ -158,10 +177,18 @@ INGEST_MIGRATION: tuple[str, ...] = (
 # Version 2: one array per reading. A reading no GPU of the node has is left
 # out of the message, so its array is empty here and `arr[i]` reads NULL.
 # NICs likewise (nic_columns); their rates are required, so their arrays are too.
-_GPU_COLUMNS = ("gpu_columns Tuple(index Array(Nullable(UInt8)), "
-                f"{', '.join(f'{n} Array(Nullable({t}))' for n, t in _GPU_TYPES)})")
-_SAME_LENGTH = (f"arrayAll(n -> n = 0 OR n = length({_col('index')}), "
-                f"[{', '.join(f'length({_col(n)})' for n, _ in _GPU_TYPES)}])")
+
+
+def _gpu_columns(fields: tuple[GpuField, ...]) -> str:
+    return ("gpu_columns Tuple(index Array(Nullable(UInt8)), "
+            f"{', '.join(f'{n} Array(Nullable({t}))' for n, t, _ in fields)})")
+
+
+def _same_length(fields: tuple[GpuField, ...]) -> str:
+    return (f"arrayAll(n -> n = 0 OR n = length({_col('index')}), "
+            f"[{', '.join(f'length({_col(n)})' for n, _, _ in fields)}])")
+
+
 _NIC_COLUMNS = ("nic_columns Tuple(name Array(String), rx_bytes_s Array(Float64), "
                 "tx_bytes_s Array(Float64), rdma Array(Bool))")
 _NIC_COUNT = f"length({_col('name', 'nic_columns')})"
@@ -171,30 +198,44 @@ _NICS_SAME_LENGTH = (
     f"AND length({_col('rdma', 'nic_columns')}) IN (0, {_NIC_COUNT}) "
     f"AND (empty(data.nics) OR {_NIC_COUNT} = 0)")
 
-INGEST_COLUMNS_MIGRATION: tuple[str, ...] = (
-    # The ingest table holds no data (Null engine): remake it and its views.
-    "DROP VIEW IF EXISTS {db}.ingest_node_gpus",
-    "DROP VIEW IF EXISTS {db}.ingest_node_host",
-    "DROP TABLE IF EXISTS {db}.ingest_node",
-    f"""CREATE TABLE IF NOT EXISTS {{db}}.ingest_node (
+def keys_check(field: str) -> str:
+    """A CHECK that the GPU field ``field`` holds keys (valid subject
+    tokens) or NULLs, in both wire forms."""
+    ok = f"isNull(x) OR match(assumeNotNull(x), '{_KEY}')"
+    return (f"arrayAll(x -> {ok}, arrayMap(g -> tupleElement(g, '{field}'), data.gpus)) "
+            f"AND arrayAll(x -> {ok}, {_col(field)})")
+
+
+def node_ingest(fields: tuple[GpuField, ...], checks: str = "") -> tuple[str, ...]:
+    """``ingest_node`` and its views, remade (the table holds no data: Null
+    engine) for GPUs with ``fields``; ``checks``: more CHECK constraints."""
+    return (
+        "DROP VIEW IF EXISTS {db}.ingest_node_gpus",
+        "DROP VIEW IF EXISTS {db}.ingest_node_gpu_columns",
+        "DROP VIEW IF EXISTS {db}.ingest_node_host",
+        "DROP TABLE IF EXISTS {db}.ingest_node",
+        f"""CREATE TABLE IF NOT EXISTS {{db}}.ingest_node (
         id String, type String, time DateTime64(6, 'UTC'), source String, node String,
         data Tuple(
             {_HOST_FIELDS},
-            {_GPU_ROWS},
-            {_GPU_COLUMNS},
+            {_gpu_rows(fields)},
+            {_gpu_columns(fields)},
             {_NIC_COLUMNS},
             {_OTHER_ROWS}),
         {_NODE_CHECKS},
-        CONSTRAINT gpu_columns CHECK {_SAME_LENGTH}
+        CONSTRAINT gpu_columns CHECK {_same_length(fields)}
             AND arrayAll(i -> isNotNull(i), {_col('index')})
             AND (empty(data.gpus) OR empty({_col('index')})),
-        CONSTRAINT nic_columns CHECK {_NICS_SAME_LENGTH}
+        CONSTRAINT nic_columns CHECK {_NICS_SAME_LENGTH}{checks}
     ) ENGINE = Null""",
-    _GPU_ROWS_VIEW,
-    f"""CREATE MATERIALIZED VIEW IF NOT EXISTS {{db}}.ingest_node_gpu_columns
+        _gpu_rows_view(fields),
+        f"""CREATE MATERIALIZED VIEW IF NOT EXISTS {{db}}.ingest_node_gpu_columns
     TO {{db}}.gpu_metrics AS
     SELECT time, node, assumeNotNull({_col('index')}[i]) AS gpu, id AS event_id,
-           {", ".join(f"{_col(n)}[i] AS {n}" for n, _ in _GPU_TYPES)}
+           {", ".join(v.format(v=f"{_col(n)}[i]") + f" AS {n}" for n, _, v in fields)}
     FROM {{db}}.ingest_node ARRAY JOIN arrayEnumerate({_col('index')}) AS i""",
-    _host_view(f"length(data.gpus) + length({_col('index')})", _nic_map),
-)
+        _host_view(f"length(data.gpus) + length({_col('index')})", _nic_map),
+    )
+
+
+INGEST_COLUMNS_MIGRATION: tuple[str, ...] = node_ingest(GPU_READINGS)

@@ -6,6 +6,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from services.lens_collector.gpu_jobs import (
+    GPU_HOURS_DEFAULTS,
+    GPU_HOURS_PARAMS,
+    GPU_HOURS_SQL,
+    JOB_GPUS_SQL,
+    WORKSPACE_GPU_HOURS_SQL,
+)
 from services.lens_collector.worker_logs_schema import PREFERRED_ORIGIN
 
 _ONE = f"job = {{job:String}} AND {PREFERRED_ORIGIN}"  # a job's rows, counted once
@@ -212,6 +219,18 @@ QUERIES: dict[str, NamedQuery] = {
              "AND time < fromUnixTimestamp64Milli({until_ms:Int64}, 'UTC')"),
         {"since_ms": "Int64", "until_ms": "Int64"}, {},
         "how long after their sample the GPU rows sampled in a window were stored"),
+    "job_gpus": NamedQuery(
+        JOB_GPUS_SQL, {"job": "String", "minutes": "UInt32"}, {"minutes": 0},
+        "each GPU a job ran on: its rank, mean and newest utilisation, VRAM, power and "
+        "GPU-hours, over the job's life (minutes 0) or its last minutes"),
+    "gpu_hours": NamedQuery(
+        GPU_HOURS_SQL, {**GPU_HOURS_PARAMS, "limit": "UInt32"},
+        {**GPU_HOURS_DEFAULTS, "limit": 1000},
+        "GPU-hours per job (and its workspace) between since_ms and until_ms (0: no bound), "
+        "from the 1-minute roll-up"),
+    "workspace_gpu_hours": NamedQuery(
+        WORKSPACE_GPU_HOURS_SQL, GPU_HOURS_PARAMS, GPU_HOURS_DEFAULTS,
+        "GPU-hours per workspace between since_ms and until_ms, from the 1-minute roll-up"),
     "table_counts": NamedQuery(
         """SELECT 'events' AS table, count() AS rows, uniqExact(id) AS distinct_ids
            FROM {db}.events

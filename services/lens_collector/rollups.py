@@ -13,6 +13,10 @@ minutes per minute.
 ``backfill`` runs the same SELECTs over any window: after a collector was
 down longer than the refresh window, or over history that predates the
 roll-ups.
+
+``gpu_jobs_1m`` (migration 9) rolls up the GPUs that were placed with a
+job, per job, attempt and GPU: the GPU-hours of jobs and workspaces over a
+year are read from it (``gpu_jobs``).
 """
 
 from __future__ import annotations
@@ -82,13 +86,31 @@ ROLLUPS: dict[str, tuple[str, str]] = {
                countIf(checkpoint_path IS NOT NULL) AS checkpoints, now() AS computed_at
         FROM {db}.job_metrics WHERE {where} GROUP BY minute, job"""),
 }
+# Added by migration 9, apart from ROLLUPS: migration 4 stays as it shipped.
+GPU_JOBS_ROLLUPS: dict[str, tuple[str, str]] = {
+    # A minute's samples of one GPU with one job's attempt: how many distinct
+    # sample times, the first and the last (GPU-hours are spans, see gpu_jobs).
+    "gpu_jobs_1m": (
+        """minute DateTime('UTC') CODEC(DoubleDelta, ZSTD), job String, attempt UInt16,
+        node LowCardinality(String), gpu UInt8, rank Nullable(UInt16), samples UInt32,
+        first_time DateTime64(3, 'UTC'), last_time DateTime64(3, 'UTC'),
+        util_avg Nullable(Float32) CODEC(Gorilla, ZSTD),
+        power_avg Nullable(Float32) CODEC(Gorilla, ZSTD),
+        vram_used_max Nullable(UInt64) CODEC(T64, ZSTD), computed_at DateTime('UTC')""",
+        """SELECT toStartOfMinute(time) AS minute, job, attempt, node, gpu, any(rank) AS rank,
+               uniqExact(time) AS samples, min(time) AS first_time, max(time) AS last_time,
+               avg(util_pct) AS util_avg, avg(power_w) AS power_avg,
+               max(vram_used_bytes) AS vram_used_max, now() AS computed_at
+        FROM {db}.gpu_metrics WHERE job != '' AND {where}
+        GROUP BY minute, job, attempt, node, gpu"""),
+}
 _KEYS = {"gpu_metrics_1m": "node, gpu, minute", "node_metrics_1m": "node, minute",
-         "job_metrics_1m": "job, minute"}
+         "job_metrics_1m": "job, minute", "gpu_jobs_1m": "job, attempt, node, gpu, minute"}
 
 
-def _migration() -> tuple[str, ...]:
+def _migration(rollups: dict[str, tuple[str, str]]) -> tuple[str, ...]:
     statements = []
-    for table, (columns, select) in ROLLUPS.items():
+    for table, (columns, select) in rollups.items():
         statements.append(f"""CREATE TABLE IF NOT EXISTS {{db}}.{table} ({columns})
         ENGINE = ReplacingMergeTree(computed_at)
         PARTITION BY toYYYYMM(minute) ORDER BY ({_KEYS[table]})
@@ -99,12 +121,13 @@ def _migration() -> tuple[str, ...]:
     return tuple(statements)
 
 
-ROLLUP_MIGRATION: tuple[str, ...] = _migration()
+ROLLUP_MIGRATION: tuple[str, ...] = _migration(ROLLUPS)
+GPU_JOBS_ROLLUP_MIGRATION: tuple[str, ...] = _migration(GPU_JOBS_ROLLUPS)
 
 
 def backfill(client: Client, database: str, since: datetime, until: datetime) -> None:
     """Compute every roll-up's complete minutes in [since, until) now."""
-    for table, (_, select) in ROLLUPS.items():
+    for table, (_, select) in {**ROLLUPS, **GPU_JOBS_ROLLUPS}.items():
         sql = select.replace("{where}", _WINDOW).replace("{db}", database)
         client.command(f"INSERT INTO {database}.{table} {sql}",
                        parameters={"since": since, "until": until})

@@ -18,6 +18,8 @@ GPU_READINGS: tuple[str, ...] = (
     "temp_hbm_c", "power_cap_w", "sclk_mhz", "mclk_mhz", "ecc_correctable", "ecc_uncorrectable",
     "pcie_rx_bytes_s", "pcie_tx_bytes_s", "xgmi_rx_bytes_s", "xgmi_tx_bytes_s",
 )
+# The worker a GPU is placed with (migration 9): '' and 0 for an idle GPU.
+GPU_OWNER: tuple[str, ...] = ("job", "attempt", "rank")
 JOB_FIGURES: tuple[str, ...] = (
     "grad_norm", "tokens_per_s", "checkpoint_bytes", "checkpoint_duration_s", "dropped")
 
@@ -28,7 +30,7 @@ COLUMNS: dict[str, list[str]] = {
                      "net_tx_bytes_s", "rdma_rx_bytes_s", "rdma_tx_bytes_s",
                      "disk_read_bytes_s", "disk_write_bytes_s", "fs_free_bytes",
                      "fs_total_bytes"],
-    "gpu_metrics": ["time", "node", "gpu", "event_id", *GPU_READINGS],
+    "gpu_metrics": ["time", "node", "gpu", "event_id", *GPU_READINGS, *GPU_OWNER],
     "job_metrics": ["time", "job", "rank", "attempt", "node", "event_id", "iteration", "loss",
                     "throughput", "step_time_s", "checkpoint_path", *JOB_FIGURES],
     "logs": ["time", "id", "service", "level", "node", "job", "message", "fields"],
@@ -88,4 +90,5 @@ def _node_rows(out: dict[str, list[list[Any]]], event: NodeTelemetry, t: Any) ->
     ])
     for g in d.gpus:
         out["gpu_metrics"].append([t, event.node, g.index, event.id,
-                                   *(getattr(g, f) for f in GPU_READINGS)])
+                                   *(getattr(g, f) for f in GPU_READINGS),
+                                   g.job or "", g.attempt or 0, g.rank])

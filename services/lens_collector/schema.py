@@ -17,6 +17,7 @@ it shipped: existing databases upgrade in place.
 from __future__ import annotations
 
 from libs.store import Migration
+from services.lens_collector.gpu_jobs import GPU_JOBS_MIGRATION
 from services.lens_collector.ingest_schema import INGEST_COLUMNS_MIGRATION, INGEST_MIGRATION
 from services.lens_collector.rollups import ROLLUP_MIGRATION
 from services.lens_collector.worker_logs_schema import WORKER_LOGS_MIGRATION
@@ -176,4 +177,5 @@ MIGRATIONS: tuple[Migration, ...] = (
     )),
     Migration(8, "workers' output lines; job telemetry parsed from them",
               WORKER_LOGS_MIGRATION),
+    Migration(9, "GPU rows carry the job, attempt and rank using the GPU", GPU_JOBS_MIGRATION),
 )

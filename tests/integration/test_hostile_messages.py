@@ -54,6 +54,7 @@ DURABLE_OWNER = {
     "bootstrap": "bootstrap", "bootstrap-provisioned": "bootstrap",
     "scheduler": "scheduler", "failover": "failover", "failover-steps": "failover",
     "bench-coordinator": "bench-coordinator", f"bench-agent-{NODE}": "bench-agent",
+    f"bench-agent-jobs-{NODE}": "bench-agent",
     "lens-events": "lens-collector", "lens-telemetry": "lens-collector",
 }
 KEY = "hostile-1"

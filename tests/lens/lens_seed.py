@@ -1,6 +1,7 @@
 """Seeded Lens data for tests: a small cluster's last half hour (three nodes
-of four GPUs, a two-rank job with checkpoints, logs, bench results, node
-states and alerts), stored through the collector's own write paths."""
+of four GPUs, a two-rank job with checkpoints whose ranks hold the GPUs of
+the first two nodes, logs, bench results, node states and alerts), stored
+through the collector's own write paths."""
 
 from __future__ import annotations
 
@@ -16,6 +17,11 @@ from libs.events import (
     Figure,
     FsMetrics,
     GpuMetrics,
+    JobPlaced,
+    JobPlacedData,
+    JobSpec,
+    JobSubmitted,
+    JobSubmittedData,
     JobTelemetry,
     JobTelemetryData,
     LensAlert,
@@ -29,6 +35,7 @@ from libs.events import (
     NodeTelemetryData,
     WorkerLog,
     WorkerLogData,
+    WorkerSlot,
     encode_event,
 )
 from libs.store import migrate
@@ -39,16 +46,20 @@ from services.lens_collector.schema import MIGRATIONS
 
 NODES = ("node-a", "node-b", "node-c")
 JOB = "train-7b"
+WORKSPACE = "research"
 STEP_S = 10
 
 
-def node_event(node: str, at: datetime, k: int) -> NodeTelemetry:
+def node_event(node: str, at: datetime, k: int,
+               owner: tuple[str, int, int] | None = None) -> NodeTelemetry:
+    """A node's sample; ``owner`` (job, attempt, rank) holds all its GPUs."""
+    job = dict(zip(("job", "attempt", "rank"), owner, strict=True)) if owner else {}
     gpus = [GpuMetrics(index=g, util_pct=90.0 - g - (k % 5), vram_used_bytes=150 << 30,
                        vram_total_bytes=192 << 30, temp_c=60.0 + g + (k % 7),
                        temp_junction_c=80.0 + g, temp_hbm_c=70.0, power_w=600.0 + g,
                        power_cap_w=750.0, sclk_mhz=2100.0, mclk_mhz=1300.0,
                        ecc_correctable=k // 50, ecc_uncorrectable=0,
-                       pcie_rx_bytes_s=2e9, pcie_tx_bytes_s=1e9) for g in range(4)]
+                       pcie_rx_bytes_s=2e9, pcie_tx_bytes_s=1e9, **job) for g in range(4)]
     return NodeTelemetry(source=f"bench-agent/{node}", node=node, time=at, data=NodeTelemetryData(
         cpu_pct=20.0 + k % 10, mem_used_bytes=(200 + k) << 30, mem_total_bytes=1 << 41,
         load1=8.5, gpus=gpus, gpu_tool="amd-smi",
@@ -69,7 +80,8 @@ def seed(client: Client, database: str, *, minutes: int = 30,
     telemetry: list[Event] = []
     for k in range(steps):
         at = start + timedelta(seconds=k * STEP_S)
-        telemetry += [node_event(n, at, k) for n in NODES]
+        telemetry += [node_event(n, at, k, (JOB, 1, i) if i < 2 else None)
+                      for i, n in enumerate(NODES)]
         for rank in (0, 1):
             telemetry.append(JobTelemetry(
                 source="sdk/node-a", job=JOB, node=NODES[rank], time=at,
@@ -95,7 +107,13 @@ def seed(client: Client, database: str, *, minutes: int = 30,
                                        data=LogRecordData(level="warning", message="hot",
                                                           service="bench-agent")))
     stored = _ingest(client, database, telemetry)
-    control: list[Event] = []
+    control: list[Event] = [
+        JobSubmitted(source="scheduler", job=JOB, time=start - timedelta(minutes=1),
+                     data=JobSubmittedData(spec=JobSpec(name=JOB, workers=2, gpus_per_worker=4,
+                                                        command=["train"], workspace=WORKSPACE))),
+        JobPlaced(source="scheduler", job=JOB, time=start, data=JobPlacedData(
+            attempt=1, workers=[WorkerSlot(rank=r, node=NODES[r], gpus=4) for r in (0, 1)])),
+    ]
     for i, node in enumerate(NODES):
         control.append(BenchResult(source=f"bench-agent/{node}", node=node,
                                    time=start + timedelta(minutes=1), data=BenchResultData(

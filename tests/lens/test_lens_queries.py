@@ -14,7 +14,7 @@ from tests.lens.lens_seed import JOB, NODES, seed
 
 PARAMS: dict[str, dict[str, Any]] = {
     "job_summary": {"job": JOB}, "job_series": {"job": JOB}, "job_attempts": {"job": JOB},
-    "job_checkpoints": {"job": JOB}, "job_throughput": {"job": JOB},
+    "job_checkpoints": {"job": JOB}, "job_throughput": {"job": JOB}, "job_gpus": {"job": JOB},
     "node_summary": {"node": NODES[0]}, "node_gpus": {"node": NODES[0]},
     "node_series": {"node": NODES[0]}, "gpu_series": {"node": NODES[0]},
     "alerts": {"job": JOB}, "logs": {"job": JOB}, "timeline": {"job": JOB},
