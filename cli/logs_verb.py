@@ -15,15 +15,12 @@ import asyncio
 import json
 import re
 import time
-from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from cli.client import CliError, connect, lens_query
-from cli.output import load_settings
+from cli.output import load_settings, time_ms
 from libs.bus import Bus
 
-_DURATION = re.compile(r"^(\d+(?:\.\d+)?)([smhd])$")
-_UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 FOLLOW_POLL_S = 1.0
 
 
@@ -40,24 +37,6 @@ def add_parser(sub: Any) -> None:
     s.add_argument("--limit", type=int, default=10000, help="at most this many lines with --since")
     s.add_argument("-f", "--follow", action="store_true", help="keep printing new lines")
     s.add_argument("--json", action="store_true", help="one JSON object per line")
-
-
-def since_ms(text: str | None, now: datetime | None = None) -> int:
-    """``--since`` as epoch milliseconds (0: from the start)."""
-    if not text:
-        return 0
-    now = now or datetime.now(UTC)
-    duration = _DURATION.match(text.strip())
-    if duration:
-        ago = timedelta(seconds=float(duration.group(1)) * _UNIT_S[duration.group(2)])
-        return int((now - ago).timestamp() * 1000)
-    try:
-        when = datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
-    except ValueError:
-        raise CliError(f"--since {text!r}: write a duration (30s, 10m, 2h, 1d) or a time "
-                       "(2026-12-01T12:00:00Z)") from None
-    when = when if when.tzinfo else when.replace(tzinfo=UTC)
-    return int(when.timestamp() * 1000)
 
 
 def render(row: dict[str, Any], *, as_json: bool, many_ranks: bool) -> str:
@@ -89,7 +68,7 @@ async def _run(args: argparse.Namespace) -> int:
 
 async def _print(bus: Bus, args: argparse.Namespace) -> int:
     keys = {"job": args.job, "rank": args.rank, "attempt": args.attempt, "grep": args.grep}
-    start = since_ms(args.since)
+    start = time_ms(args.since, "--since")
     if args.since:
         rows = await lens_query(bus, "worker_logs", since_ms=start, limit=args.limit, **keys)
     else:
@@ -103,23 +82,28 @@ async def _print(bus: Bus, args: argparse.Namespace) -> int:
             raise CliError(f"no output of job {args.job} in Lens (no such job, it printed "
                            "nothing yet, or log shipping is off: PRIMUS_WORKER_LOG_SHIP)")
     for row in rows:
-        print(render(row, as_json=args.json, many_ranks=many), flush=False)
+        print(render(row, as_json=args.json, many_ranks=many), flush=args.follow)
     if not args.follow:
         return 0
-    # Follow by the time lines were stored: a late batch still shows.
+    # Follow by the time lines were stored: a late batch still shows. Lines
+    # one insert stored share its time: past the first round the cursor's
+    # own millisecond is asked again (and what was printed skipped); the
+    # first round starts after it, as lines older than the tail stored in
+    # the same insert were left out on purpose.
     cursor = cursor or int(time.time() * 1000) - 2000
-    seen: set[tuple[int, int, int]] = {(r["attempt"], r["rank"], r["seq"]) for r in rows}
+    after = cursor
+    seen: set[tuple[int, int, int]] = set()
     while True:
         await asyncio.sleep(FOLLOW_POLL_S)
-        rows = await lens_query(bus, "worker_logs", since_ms=start, after_ms=cursor - 1,
+        rows = await lens_query(bus, "worker_logs", since_ms=start, after_ms=after,
                                 limit=args.limit, **keys)
         for row in rows:
             key = (row["attempt"], row["rank"], row["seq"])
             if key in seen:
                 continue
             print(render(row, as_json=args.json, many_ranks=many), flush=True)
-            seen.add(key)
         if rows:
             cursor = max(r["received_ms"] for r in rows)
             seen = {(r["attempt"], r["rank"], r["seq"]) for r in rows
-                    if r["received_ms"] >= cursor - 1}
+                    if r["received_ms"] == cursor}
+        after = cursor - 1

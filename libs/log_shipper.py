@@ -128,9 +128,7 @@ class Batcher:
         """Complete lines (each may end with its newline) that arrived at ``now``."""
         size = sum(len(raw) for raw in lines)
         if not self.rate.allow(size, now):
-            self.dropped_lines += len(lines)
-            self.dropped_bytes += size
-            self.total_dropped_lines += len(lines)
+            self.drop(len(lines), size)
             return self.take(now)
         out: list[WorkerLog] = []
         if self.dropped_lines:
@@ -151,13 +149,22 @@ class Batcher:
                 out += self._close_batch()
         return out + self.take(now)
 
+    def drop(self, lines: int, size: int) -> None:
+        """Count lines the rate has no room for (the next batch's meta line
+        tells them); a reader that asked the rate itself (the node agent
+        skips parsing what would be dropped) reports them here."""
+        self.dropped_lines += lines
+        self.dropped_bytes += size
+        self.total_dropped_lines += lines
+
     def take(self, now: float, *, flush: bool = False) -> list[WorkerLog]:
         """The batch due at ``now`` (or any pending one, with ``flush``)."""
+        out: list[WorkerLog] = []
         if self._pending and (flush or now - self._pending[0].time >= self.limits.flush_s):
-            return self._close_batch()
+            out = self._close_batch()
         if flush and self.dropped_lines:  # drops at the very end: still told
-            return self.feed([], "stdout", now) + self._close_batch()
-        return []
+            out += self.feed([], "stdout", now) + self._close_batch()
+        return out
 
     def _add(self, line: _Line) -> None:
         self._pending.append(line)

@@ -399,7 +399,11 @@ class LocalDriver:
 
     async def _watch(self, worker: _Worker) -> None:
         if worker.proc is not None:
-            await worker.proc.wait()
+            # The supervisor records the exit, then may still send the last
+            # of the output to Lens: the exit is reported from its record.
+            ended = asyncio.ensure_future(worker.proc.wait())
+            while not ended.done() and not worker.exit_file.exists():
+                await asyncio.wait([ended], timeout=0.2)
         else:
             while _alive(worker.pid):
                 await asyncio.sleep(0.25)

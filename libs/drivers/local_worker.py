@@ -37,6 +37,9 @@ def write_exit(path: Path, code: int) -> None:
     write_atomic(path, f"{code}\n")
 
 
+SEND_WAIT_S = 30.0  # after the worker ended, for its last output to reach the bus
+
+
 def _parse(argv: list[str]) -> argparse.Namespace | None:
     if "--" not in argv:
         return None
@@ -112,11 +115,17 @@ def main(argv: list[str]) -> int:
     code = child.wait()
     if pump is not None:
         pump.finish()
-    # The exit is recorded before the last batches go out: the scheduler
-    # must not wait on the bus to learn the rank ended.
+    # The exit is recorded before the last batches go out: the driver
+    # reports it from this file and does not wait on the bus.
     write_exit(exit_file, code)
     if publisher is not None:
-        publisher.close(3.0)
+        publisher.close(SEND_WAIT_S)
+        lost = publisher.failed + publisher.dropped + publisher.queue.qsize() \
+            + (pump.unsent if pump is not None else 0)
+        if lost and pump is not None:  # said where the operator reads the output
+            with open(pump.file.path, "ab") as log:
+                log.write(f"primus-safe: {lost} batch(es) of this output did not reach Lens "
+                          f"(the bus was away or slow)\n".encode())
     return 0 if code == 0 else 1
 
 

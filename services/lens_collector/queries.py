@@ -214,6 +214,17 @@ QUERIES: dict[str, NamedQuery] = {
         _lag("received >= now64() - INTERVAL {seconds:UInt32} SECOND"),
         {"seconds": "UInt32"}, {"seconds": 60},
         "GPU rows stored lately and how long after their sample they were stored"),
+    "log_lag_between": NamedQuery(
+        """SELECT count() AS lines, uniqExact(job, attempt, rank, seq) AS distinct_lines,
+                  quantile(0.5)(lag) AS p50_s, quantile(0.99)(lag) AS p99_s, max(lag) AS max_s
+           FROM (SELECT dateDiff('millisecond', time, received) / 1000 AS lag, job, attempt,
+                        rank, seq
+                 FROM {db}.logs
+                 WHERE service = 'worker' AND stream != 'meta'
+                   AND time >= fromUnixTimestamp64Milli({since_ms:Int64}, 'UTC')
+                   AND time < fromUnixTimestamp64Milli({until_ms:Int64}, 'UTC'))""",
+        {"since_ms": "Int64", "until_ms": "Int64"}, {},
+        "how long after they were printed the workers' lines of a window were stored"),
     "ingest_lag_between": NamedQuery(
         _lag("time >= fromUnixTimestamp64Milli({since_ms:Int64}, 'UTC') "
              "AND time < fromUnixTimestamp64Milli({until_ms:Int64}, 'UTC')"),

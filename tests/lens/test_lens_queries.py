@@ -20,6 +20,8 @@ PARAMS: dict[str, dict[str, Any]] = {
     "alerts": {"job": JOB}, "logs": {"job": JOB}, "timeline": {"job": JOB},
     "worker_logs": {"job": JOB}, "job_output": {"job": JOB},
     "events": {"node": NODES[0]}, "ingest_lag": {"seconds": 600},
+    "log_lag_between": {"since_ms": int(time.time() - 3600) * 1000,
+                        "until_ms": int(time.time() + 60) * 1000},
     "ingest_lag_between": {"since_ms": int(time.time() - 3600) * 1000,
                            "until_ms": int(time.time() + 60) * 1000},
 }

@@ -173,3 +173,34 @@ async def test_log_rules_read_the_stored_lines_with_the_engine(client, db: str) 
                                  now)
     assert {(t.rule, t.fault_class, t.job) for t in out} == {
         ("log_collective_timeout", "infra", "job-g"), ("log_traceback", "user", "job-g")}
+
+
+def test_retention_is_a_setting(client, db: str, clickhouse_dsn: str) -> None:  # type: ignore[no-untyped-def]
+    from libs.settings import Settings
+    from services.lens_collector.app import LensCollector
+
+    def ttl() -> str:
+        (ddl,), = client.query("SELECT create_table_query FROM system.tables WHERE database = "
+                               "{d:String} AND name = 'logs'", parameters={"d": db}).result_rows
+        return ddl
+
+    assert "toIntervalDay(14)" in ttl()
+    collector = LensCollector(Settings(clickhouse_dsn=clickhouse_dsn, clickhouse_database=db,
+                                       lens_logs_ttl_days=3), evaluate_alerts=False)
+    collector.client = client
+    collector._logs_retention()
+    assert "toIntervalDay(3)" in ttl() and "toIntervalDay(14)" not in ttl()
+    collector._logs_retention()  # the same again: nothing to change
+    assert "toIntervalDay(3)" in ttl()
+
+
+def test_drops_at_the_very_end_are_still_told() -> None:
+    limits = LogLimits(rate_bytes_s=100, min_rate_bytes_s=100, burst_s=1, flush_s=60)
+    b = Batcher.for_worker("job-h", 1, 0, None, 1, limits)
+    assert b.feed([b"kept"], "stdout", 0.0) == []  # pending, not yet due
+    assert b.feed([b"y" * 500], "stdout", 0.1) == []  # over the rate: dropped
+    out = b.take(0.2, flush=True)  # the worker ended
+    texts = [t for e in out for t in e.data.text]
+    assert texts[0] == "kept" and texts[1].startswith("primus-safe: 1 line(s), 500 bytes")
+    assert sum(e.data.dropped_lines for e in out) == 1
+    assert [e.data.seq for e in out] == [0, 1]

@@ -64,7 +64,9 @@ def test_only_live_jobs_may_connect(status: str | None, live: bool) -> None:
 
 def test_a_jobs_permissions_follow_the_sdks_table() -> None:
     p = jc.job_permissions("ja")
-    assert p.publish_allow == ("safe.telemetry.job.ja", "safe.telemetry.log.job.ja")
+    # Its telemetry, its log lines (the SDK's) and its output (its supervisor's).
+    assert p.publish_allow == ("safe.telemetry.job.ja", "safe.telemetry.log.job.ja",
+                               "safe.telemetry.output.ja")
     assert p.publish_allow == tuple(job_subject(c, "ja") for c in ROUTES.publishes)
     assert p.subscribe_allow == ("_INBOX.job-ja.>",)
     assert not p.allow_responses and not p.publish_deny
