@@ -220,6 +220,8 @@ async def job_data(bus: Any, job: str, limit: int) -> dict[str, Any]:
         "throughput": await lens_query(bus, "job_throughput", job=job),
         "checkpoints": await lens_query(bus, "job_checkpoints", job=job),
         "alerts": await lens_query(bus, "alerts", job=job),
+        # lines each rank printed, and what its log rate dropped
+        "output": await lens_query(bus, "job_output", job=job),
         # placements, stops, resumes, cancels: the job's lifecycle as events
         "lifecycle": [e for e in await lens_query(bus, "events", job=job, node="", limit=500)
                       if e["type"].startswith("job.") and e["type"] != "job.pending"],
@@ -237,7 +239,7 @@ def show(args: argparse.Namespace, result: Any) -> None:
     verb = args.lens_verb
     if verb == "job":
         s = result["summary"]
-        if not s.get("samples") and not result["gpus"]:
+        if not s.get("samples") and not result["gpus"] and not result["output"]:
             raise CliError(f"no telemetry for job {args.id!r} yet")
         if s.get("samples"):
             print(f"job {args.id}: {s['ranks']} rank(s), iterations up to "
@@ -257,6 +259,9 @@ def show(args: argparse.Namespace, result: Any) -> None:
         table(result["checkpoints"], ["iteration", "rank", "checkpoint_bytes",
                                       "checkpoint_duration_s", "checkpoint_path"], "checkpoints")
         table(result["alerts"], ["state", "rule", "subject", "opened_at", "message"], "alerts")
+        table(result["output"], ["attempt", "rank", "node", "lines", "dropped_lines",
+                                 "last_line"],
+              f"output (primus-safe logs {args.id}; dropped: over the job's log rate)")
         from cli.explain import summary
         table([{**e, "detail": summary(e["type"], json.loads(e["data"]) if isinstance(
             e["data"], str) else e["data"])} for e in result["lifecycle"]],

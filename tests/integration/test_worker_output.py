@@ -108,6 +108,11 @@ async def test_output_of_every_rank_reaches_lens_and_the_cli(
                                   "--json", env=env)
     assert out.returncode == 0, out.stderr
     assert [json.loads(x)["seq"] for x in out.stdout.splitlines()] == [5, 6]
+    shown = await asyncio.to_thread(run_cli, "lens", "job", "mega", "--json", env=env)
+    assert shown.returncode == 0, shown.stderr
+    output = {r["rank"]: r for r in json.loads(shown.stdout)["output"]}
+    assert (output[0]["lines"], output[1]["lines"]) == (2, 7)
+    assert output[1]["dropped_lines"] == 0
     out = await asyncio.to_thread(run_cli, "logs", "nope", env=env)
     assert out.returncode != 0 and "no output of job nope" in out.stderr
 
