@@ -189,8 +189,10 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--nodes", type=int, default=4)
     up.add_argument("--state-dir", default=None, help="default: PRIMUS_STATE_DIR or .primus")
     demo = sub.add_parser("demo", help="up + onboard + train + inject a fault + recover")
-    demo.add_argument("--nodes", type=int, default=4)
-    demo.add_argument("--job", default="examples/job.yaml")
+    demo.add_argument("--nodes", type=int, default=5)
+    demo.add_argument("--job", default="examples/job.yaml", help="the job using the SDK")
+    demo.add_argument("--unmodified-job", default="examples/unmodified/job.yaml",
+                      help="the job without Primus-SaFE code; one of its nodes is killed")
     demo.add_argument("--state-dir", default=None)
     demo.add_argument("--json", action="store_true", help="print the summary as JSON")
 

@@ -3,13 +3,16 @@ five services as processes, local nodes with real DDP workers."""
 
 from __future__ import annotations
 
+import ast
 import asyncio
 import json
 import os
+import sys
 import time
 from pathlib import Path
 
 import pytest
+import yaml
 
 from libs.bus import Bus
 from libs.embedded import EmbeddedStack
@@ -148,22 +151,87 @@ async def _thin_path(stack: EmbeddedStack, tmp_path: Path) -> None:
     assert "job.placed" in explained and "attempt 1 on node-" in explained
 
 
+UNMODIFIED = ROOT / "examples" / "unmodified"
+
+
+def imported_modules(script: Path) -> set[str]:
+    """The top-level names of every module ``script`` imports."""
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(script.read_text())):
+        if isinstance(node, ast.Import):
+            names |= {a.name.split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            names.add(node.module.split(".")[0])
+    return names
+
+
 def test_demo_recovers_from_a_killed_node(tmp_path: Path) -> None:
-    """`primus-safe demo`: a node dies mid-run; failover opens a fault and the
-    job resumes from its newest checkpoint on healthy nodes."""
+    """`primus-safe demo`: an SDK job and an unmodified Megatron-style job train
+    at once; rank 0's node of the unmodified one dies mid-interval. Lens has
+    that job's loss curve from its log lines alone, failover opens a fault
+    naming where it resumes, the job's own --load continues from its newest
+    checkpoint on healthy nodes and the curve goes on; the SDK job is untouched."""
+    # Nothing but the standard library and torch: whatever Lens knows of this
+    # job's training, it read from the lines the script printed.
+    script = UNMODIFIED / "train_megatron_style.py"
+    assert imported_modules(script) <= set(sys.stdlib_module_names) | {"torch"}
+    command = yaml.safe_load((UNMODIFIED / "job.yaml").read_text())["command"]
+    iterations = int(command[command.index("--train-iters") + 1])
+    sdk_command = yaml.safe_load((ROOT / "examples" / "job.yaml").read_text())["command"]
+    sdk_iterations = int(sdk_command[sdk_command.index("--iterations") + 1])
+
     env = {k: v for k, v in os.environ.items() if not k.startswith("PRIMUS_")}
     result = run_cli("demo", "--json", "--state-dir", str(tmp_path / "demo"), env=env,
                      timeout=300, cwd=ROOT)
     assert result.returncode == 0, result.stderr[-3000:]
     summary = json.loads(result.stdout)
-    assert summary["job_status"] == "completed" and summary["attempts"] == 2
-    assert summary["killed_node"] in summary["first_nodes"]
-    assert summary["killed_node"] not in summary["final_nodes"]
-    assert summary["resumed_at_iteration"] == summary["checkpoint_iteration"] + 1
-    assert summary["node_states"][summary["killed_node"]] == "quarantined"
-    assert summary["detection_s"] < 10
+    job, sdk, killed = summary["unmodified"], summary["sdk"], summary["killed_node"]
+
+    assert job["job_status"] == "completed" and job["attempts"] == 2
+    assert killed in job["first_nodes"] and killed not in job["final_nodes"]
+    assert summary["node_states"][killed] == "quarantined"
+    # Failover's fault names the job, the checkpoint it resumes from (the
+    # newest complete one in Megatron's layout when the node died) and the
+    # training time lost since that checkpoint.
+    fault = summary["fault"]
+    assert fault["jobs"] == [job["job"]]
+    resume = job["resume_step"]
+    assert resume == fault["resume_step"][job["job"]] == job["checkpoint_iteration"] > 0
+    assert fault["lost_work_s"][job["job"]] == job["lost_work_s"] >= 0
+    # Its own --load continued after that checkpoint, not from scratch, and ran to the end.
+    assert job["resumed_at_iteration"] == resume + 1 > 1
+    assert f"at iteration {resume}" in job["resume_line"]
+    first, last = job["attempt_iterations"]
+    assert first[:2] == [1, 1] and first[2] >= job["killed_at_iteration"] > resume
+    assert last == [2, resume + 1, iterations]
+
+    # The loss curve in Lens, parsed from the log lines: every iteration once,
+    # falling, and past the resume it goes on from where the checkpoint was.
+    curve = {int(i): loss for i, loss in job["loss_curve"]}
+    assert sorted(curve) == list(range(1, iterations + 1))
+    assert job["telemetry_samples"] >= iterations
+    assert job["loss_first"] == curve[1] and job["loss_last"] == curve[iterations]
+    assert curve[resume + 1] < 0.6 * curve[1]  # a model from random would be back near the start
+    assert curve[iterations] < curve[resume + 1]
+    # The iterations redone after the resume (printed by both attempts, as
+    # `primus-safe logs` shows them) computed the same losses as the first
+    # time: model, optimizer and RNG state came back exactly.
+    redone = job["redone_losses"]
+    assert [i for i, _, _ in redone] == list(range(resume + 1, first[2] + 1))
+    assert all(before == after == pytest.approx(curve[i]) for i, before, after in redone)
+    assert job["log_lines"] >= iterations + len(redone)
+    assert set(job["log_lines_per_attempt"]) == {"1", "2"}
+
     recovery = summary["recovery_s"]  # failover timed every phase, in order
+    assert summary["detection_s"] < 10
     assert 0 < recovery["detection_s"] <= recovery["mitigation_s"] <= recovery["replacement_s"] \
-        <= recovery["first_step_s"]
+        <= recovery["first_step_s"]  # the first step: job.progress, read from the job's output
+
+    # The SDK job ran elsewhere and was not disturbed; its telemetry is the SDK's
+    # (every rank reports every iteration).
+    assert sdk["job_status"] == "completed" and sdk["attempts"] == 1
+    assert killed not in sdk["first_nodes"] and sdk["first_nodes"] == sdk["final_nodes"]
+    assert sdk["last_iteration"] == sdk_iterations and sdk["loss_last"] < sdk["loss_first"]
+    assert sdk["telemetry_samples"] >= 2 * sdk_iterations
     assert summary["clean_shutdown"] is True, \
         f"unclean exits: {summary['exit_codes']}; {summary.get('stragglers')}"
