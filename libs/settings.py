@@ -99,6 +99,10 @@ class Settings(BaseSettings):
         "at this size")
     worker_log_file_keep: int = Field(default=3, ge=0,
                                       description="local driver: rotated log files kept")
+    agent_pod_logs_dir: Path | None = Field(
+        default=None, description="bench agent on Kubernetes: the kubelet's pod log directory "
+        "(/var/log/pods), whose worker containers' output the agent ships to Lens; unset: "
+        "off (the local driver's supervisors ship it themselves)")
     lens_logs_ttl_days: int = Field(default=14, ge=1, description="lens-collector: how long "
                                     "log lines (workers' and services') are kept")
     lens_alerts_file: Path | None = Field(default=None, description="lens-collector: alert rules")

@@ -57,6 +57,7 @@ from services.bench.config import ConfigFile
 from services.bench.host_metrics import HostSampler
 from services.bench.node_sampler import GpuSource, NodeSampler
 from services.bench.placements import Placements, attributed
+from services.bench.pod_logs import PodLogShipper
 from services.bench.protocol import PAIR, PROGRESS, SHARE, BenchProgress, PairRequest
 from services.bench.routes import AGENT
 from services.bench.schedule import ProbeSchedule, Report, Skip, Start
@@ -133,6 +134,9 @@ class BenchAgent:
         self.node = node
         self.gpus = gpus  # None: the node's own GPU tools (tests pass recorded ones)
         self.placements = Placements(node)
+        # Kubernetes: its job pods' output, from the kubelet's log files.
+        self.pod_logs = (PodLogShipper(settings, node) if settings.agent_pod_logs_dir
+                         and settings.worker_log_ship else None)
         self.source = f"bench-agent/{node}"
         self.bus: Bus | None = None
         self.host = HostSampler()
@@ -162,6 +166,8 @@ class BenchAgent:
             asyncio.create_task(self._telemetry()),
             asyncio.create_task(self._probe_loop()),
         ]
+        if self.pod_logs is not None:
+            self._tasks.append(asyncio.create_task(self.pod_logs.run(bus)))
         # Read before the events are: they start a few minutes back (replay_s)
         # and are applied over what was read, which only an event can undo.
         await self._rebuild_placements()
@@ -498,6 +504,7 @@ class BenchAgent:
         return {"heartbeats": self.beats, "bench_results": self.results,
                 "busy": self.busy, "probe_reports": self.probe_reports,
                 "placements": self.placements.snapshot(),
+                "pod_logs": self.pod_logs.snapshot() if self.pod_logs else None,
                 "probes": self.schedule.snapshot(),
                 "config": str(self.config.path) if self.config.path else None,
                 "config_error": self.config.error}

@@ -18,6 +18,7 @@ from libs.events import (
     NodeHeartbeat,
     NodeTelemetry,
     WorkerExited,
+    WorkerLog,
 )
 from libs.records import BENCH, JOBS, NODES
 from libs.routes import Consumer, On, Routes, Serve
@@ -43,7 +44,9 @@ AGENT = Routes(
                                                 JobDeleted)),
         ), replay_s=300, summary="placements on this node: who holds its GPUs"),
     ),
-    publishes=(NodeHeartbeat, NodeAgentStopping, NodeTelemetry, BenchResult, LogRecord),
+    # WorkerLog: its job pods' output on Kubernetes (pod_logs).
+    publishes=(NodeHeartbeat, NodeAgentStopping, NodeTelemetry, BenchResult, LogRecord,
+               WorkerLog),
     reads=(JOBS,),  # the placements held when the agent starts
     # PAIR, SHARE, TURN: multi-node runs; NODE_WORKERS: does a job run here
     # (heavy probes are skipped then).

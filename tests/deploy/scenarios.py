@@ -33,7 +33,9 @@ SCENARIOS: dict[str, dict[str, Any]] = {
                 "throughput_ratio": 0.7,
             },
         },
-        "benchAgent": {"privileged": False, "gpuRequest": 1, "hostNetwork": True},
+        "benchAgent": {"privileged": False, "gpuRequest": 1, "hostNetwork": True,
+                       # read positions in the pod's scratch directory, not on the node
+                       "podLogs": {"positionsHostPath": ""}},
         # Every service's configuration file with values other than the defaults
         # (tests/deploy/test_chart_config.py loads each with the service's loader).
         "scheduler": {"config": {

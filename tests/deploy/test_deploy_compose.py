@@ -195,6 +195,7 @@ def test_the_code_accepts_the_settings(
             assert parsed.job_credential_key is not None
             assert parsed.nats_callout_seed is not None
         assert parsed.clickhouse_dsn == "http://primus:primus-dev-password@clickhouse:8123", name
+        assert parsed.log_ship is True, name  # its own lines into Lens, as the platform user
 
 
 def test_health_checks_ask_each_service(services: dict[str, dict[str, Any]]) -> None:

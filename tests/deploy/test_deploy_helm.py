@@ -324,7 +324,8 @@ def test_agent_is_privileged_on_gpu_nodes_by_default(render: Renderer) -> None:
     tolerated = {t.get("key") for t in spec["tolerations"]}
     assert "amd.com/gpu" in tolerated
     host_paths = {v["hostPath"]["path"] for v in spec["volumes"] if "hostPath" in v}
-    assert host_paths == {"/dev/kfd", "/dev/dri"}
+    assert host_paths == {"/dev/kfd", "/dev/dri", "/var/log/pods",
+                          "/var/lib/primus-safe/pod-logs"}
     mounts = {m["mountPath"] for m in container["volumeMounts"]}
     assert {"/dev/kfd", "/dev/dri", "/dev/shm"} <= mounts
     assert spec["automountServiceAccountToken"] is False
@@ -339,8 +340,42 @@ def test_unprivileged_agent_claims_gpus_through_the_device_plugin(render: Render
     assert restrictive(container)
     assert container["resources"]["limits"]["amd.com/gpu"] == 1
     assert container["resources"]["requests"]["amd.com/gpu"] == 1
-    assert not [v for v in spec["volumes"] if "hostPath" in v]
+    # Only the kubelet's log directory (workers' output), read-only.
+    assert [v["hostPath"] for v in spec["volumes"] if "hostPath" in v] == [
+        {"path": "/var/log/pods", "type": "Directory"}]
     assert spec["hostNetwork"] is True and spec["dnsPolicy"] == "ClusterFirstWithHostNet"
+
+
+@pytest.mark.parametrize("pod_logs", [{}, {"enabled": False}], ids=["on", "off"])
+def test_the_agent_follows_the_kubelets_pod_logs(render: Renderer, pod_logs: dict[str, Any]
+                                                 ) -> None:
+    """Where the settings say the agent reads pods' logs, the kubelet's
+    directory is mounted, read-only; the positions it keeps are on the node
+    under the settings' state_dir; worker pods are looked for in the
+    release's namespace, as the scheduler creates them."""
+    from libs.settings import Settings
+    from services.bench.pod_logs import POSITIONS_DIR
+
+    agent = workloads(render({"benchAgent": {"podLogs": pod_logs}}))["bench-agent"]
+    container = main_container(agent)
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    mounts = {m["mountPath"]: m for m in container["volumeMounts"]}
+    volumes = {v["name"]: v for v in pod_spec(agent)["volumes"]}
+    if pod_logs.get("enabled") is False:
+        assert "PRIMUS_AGENT_POD_LOGS_DIR" not in env and "/var/log/pods" not in mounts
+        return
+    settings = Settings(state_dir=env["PRIMUS_STATE_DIR"],
+                        agent_pod_logs_dir=env["PRIMUS_AGENT_POD_LOGS_DIR"],
+                        k8s_namespace=env["PRIMUS_K8S_NAMESPACE"])
+    assert settings.k8s_namespace == NAMESPACE
+    logs = mounts[str(settings.agent_pod_logs_dir)]
+    assert logs["readOnly"] is True
+    assert volumes[logs["name"]]["hostPath"] == {"path": "/var/log/pods", "type": "Directory"}
+    positions = mounts[str(settings.state_dir / POSITIONS_DIR)]
+    assert not positions.get("readOnly")
+    assert volumes[positions["name"]]["hostPath"] == {
+        "path": "/var/lib/primus-safe/pod-logs", "type": "DirectoryOrCreate"}
+    assert env["PRIMUS_WORKER_LOG_SHIP"] == "true" and env["PRIMUS_LOG_SHIP"] == "true"
 
 
 def test_every_container_has_resources(render: Renderer) -> None:

@@ -4,10 +4,12 @@ The test walks every pod template of every kind (Deployment, StatefulSet,
 DaemonSet, Job, CronJob, bare Pod) under every values scenario, so a new
 template that forgets the restrictive securityContext, a probe or its
 resources fails here without anyone adding a case. The one exception is the
-bench agent's device access, and only the part of it documented in
-values.yaml (benchAgent.privileged): privileged with /dev/kfd and /dev/dri
-from the host, or root without capabilities when it claims GPUs through the
-device plugin. No pod ever shares the host's PID or IPC namespace.
+bench agent, and only the part of it documented in values.yaml: its device
+access (benchAgent.privileged: privileged with /dev/kfd and /dev/dri from
+the host, or root without capabilities when it claims GPUs through the
+device plugin) and its workers' output (benchAgent.podLogs: the kubelet's
+log directory read-only, and one node directory for its read positions).
+No pod ever shares the host's PID or IPC namespace.
 """
 
 from __future__ import annotations
@@ -23,6 +25,17 @@ from scenarios import SCENARIOS
 
 AGENT = "bench-agent"
 AGENT_HOST_PATHS = {"/dev/kfd", "/dev/dri"}
+POD_LOGS, POSITIONS = "/var/log/pods", "/var/lib/primus-safe/pod-logs"
+
+
+def agent_log_paths(values: dict[str, Any]) -> set[str]:
+    """The host paths benchAgent.podLogs adds: the kubelet's log directory
+    and, unless kept in the pod, the directory of the read positions."""
+    logs = values.get("benchAgent", {}).get("podLogs", {})
+    if not logs.get("enabled", True):
+        return set()
+    return {logs.get("path", POD_LOGS)} | ({p} if (p := logs.get("positionsHostPath",
+                                                                  POSITIONS)) else set())
 
 
 def pod_specs(obj: dict[str, Any]) -> Iterator[dict[str, Any]]:
@@ -95,10 +108,17 @@ def test_every_pod_is_restrictive_except_the_agents_device_access(
         privileged = values.get("benchAgent", {}).get("privileged", True)
         (container,) = spec["containers"]
         sc = container["securityContext"]
+        logs = agent_log_paths(values)
+        # The kubelet's files are only read (the positions directory is the
+        # one written): read-only mounted, whatever the agent's privileges.
+        read_only = {v["name"] for v in spec["volumes"]
+                     if v.get("hostPath", {}).get("path") in logs - {POSITIONS}}
+        assert all(m.get("readOnly") is True for m in container["volumeMounts"]
+                   if m["name"] in read_only), name
         if privileged:
-            assert sc["privileged"] is True and host_paths == AGENT_HOST_PATHS, name
+            assert sc["privileged"] is True and host_paths == AGENT_HOST_PATHS | logs, name
         else:
-            assert not host_paths, name
+            assert host_paths == logs, name
             assert problems(spec, container) == ["runAsNonRoot"], name
             assert sc["runAsUser"] == 0  # opens the root-owned device nodes
         assert spec.get("hostNetwork", False) == values.get("benchAgent", {}).get(
@@ -143,7 +163,8 @@ def test_the_walk_catches_a_forgetful_template(render: Renderer, tmp_path: Path)
 def test_the_agents_needs_are_documented() -> None:
     """The reasons sit next to the switches (values.yaml) and in the README."""
     values = (CHART / "values.yaml").read_text()
-    for reason in ("Why privileged", "/dev/kfd", "/dev/dri", "video", "render", "hostPID"):
+    for reason in ("Why privileged", "/dev/kfd", "/dev/dri", "video", "render", "hostPID",
+                   "/var/log/pods", "read-only", "positionsHostPath"):
         assert reason in values, reason
     readme = (CHART.parents[2] / "README.md").read_text()
     assert "/dev/kfd" in readme and "hostPID" in readme

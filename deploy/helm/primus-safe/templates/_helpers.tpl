@@ -206,6 +206,20 @@ cluster (so a stream survives the loss of a server), else one.
   value: {{ .Values.config.logLevel | quote }}
 - name: PRIMUS_DRIVER
   value: {{ .Values.config.driver | quote }}
+- name: PRIMUS_LOG_SHIP
+  value: {{ .Values.config.logShip | quote }}
+{{- with .Values.config.workerLogs }}
+- name: PRIMUS_WORKER_LOG_SHIP
+  value: {{ .ship | quote }}
+- name: PRIMUS_WORKER_LOG_RATE_BYTES_S
+  value: {{ int .rateBytesS | quote }}
+- name: PRIMUS_WORKER_LOG_MIN_RATE_BYTES_S
+  value: {{ int .minRateBytesS | quote }}
+- name: PRIMUS_WORKER_LOG_MAX_LINE_BYTES
+  value: {{ int .maxLineBytes | quote }}
+{{- end }}
+- name: PRIMUS_LENS_LOGS_TTL_DAYS
+  value: {{ int .Values.config.logsTtlDays | quote }}
 {{- if .Values.settings }}
 - name: PRIMUS_SETTINGS_FILE
   value: /etc/primus-safe/settings/settings.yaml
