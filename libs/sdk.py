@@ -92,17 +92,20 @@ class TelemetryPublisher(threading.Thread):
 
     def __init__(self, url: str, token: str | None, max_pending: int,
                  *, name: str = "primus-telemetry", job: str | None = None,
-                 user: str | None = None, password: str | None = None) -> None:
+                 user: str | None = None, password: str | None = None,
+                 tls: Any = None) -> None:
         super().__init__(name=name, daemon=True)
         self.url = url
         self.token = token
         self.job = job
         self.user, self.password = user, password
+        self.tls = tls  # an ssl.SSLContext: a service's log shipper on a TLS bus
         self.queue: queue.Queue[Any] = queue.Queue(maxsize=max_pending)
         self.published = 0
         self.failed = 0
         self.dropped = 0
-        self.connected = threading.Event()
+        self.connected = threading.Event()  # the first connect attempt is over
+        self.reached = False  # a connect ever succeeded
 
     def offer(self, event: Event) -> bool:
         try:
@@ -127,9 +130,13 @@ class TelemetryPublisher(threading.Thread):
                                 if self.user else {"token": self.token})
         if self.job:
             auth["inbox_prefix"] = job_inbox(self.job)
+        if self.tls is not None:
+            auth["tls"] = self.tls
         try:
-            return await nats.connect(self.url, connect_timeout=2, max_reconnect_attempts=-1,
-                                      reconnect_time_wait=1, error_cb=quiet, **auth)
+            nc = await nats.connect(self.url, connect_timeout=2, max_reconnect_attempts=-1,
+                                    reconnect_time_wait=1, error_cb=quiet, **auth)
+            self.reached = True
+            return nc
         except Exception:
             return None
         finally:

@@ -405,7 +405,7 @@ class LocalDriver:
             while not ended.done() and not worker.exit_file.exists():
                 await asyncio.wait([ended], timeout=0.2)
         else:
-            while _alive(worker.pid):
+            while _alive(worker.pid) and not worker.exit_file.exists():
                 await asyncio.sleep(0.25)
         try:
             code = int(worker.exit_file.read_text())

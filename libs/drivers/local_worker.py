@@ -119,7 +119,8 @@ def main(argv: list[str]) -> int:
     # reports it from this file and does not wait on the bus.
     write_exit(exit_file, code)
     if publisher is not None:
-        publisher.close(SEND_WAIT_S)
+        # A bus never reached is not waited for long: nothing would get out.
+        publisher.close(SEND_WAIT_S if publisher.reached else 2.0)
         lost = publisher.failed + publisher.dropped + publisher.queue.qsize() \
             + (pump.unsent if pump is not None else 0)
         if lost and pump is not None:  # said where the operator reads the output
