@@ -121,6 +121,26 @@ def shown_url(url: str) -> str:
     return re.sub(r"(://[^/:@,]+):[^/@,]*@", r"\1:***@", url)
 
 
+def tls_context(ca: Path | None, cert: Path | None, key: Path | None) -> ssl.SSLContext | None:
+    """The client TLS context of the settings' NATS files (None: plain TCP)."""
+    if not (ca or cert):
+        return None
+    if bool(cert) != bool(key):
+        raise ConnectionError("PRIMUS_NATS_TLS_CERT and PRIMUS_NATS_TLS_KEY go "
+                              "together: set both (a client certificate) or neither")
+    try:
+        tls = ssl.create_default_context(ssl.Purpose.SERVER_AUTH,
+                                         cafile=str(ca) if ca else None)
+        if cert and key:
+            tls.load_cert_chain(str(cert), str(key))
+    except (OSError, ssl.SSLError) as exc:
+        raise ConnectionError(
+            f"cannot load the NATS TLS files (PRIMUS_NATS_TLS_CA {ca}, "
+            f"PRIMUS_NATS_TLS_CERT {cert}, PRIMUS_NATS_TLS_KEY {key}): {exc}; "
+            "point them at readable PEM files") from exc
+    return tls
+
+
 def dlq_subject(service: str) -> str:
     return f"safe.dlq.{service}"
 
@@ -253,21 +273,7 @@ class Bus:
                 for watcher in list(_LOST_WATCHERS):
                     watcher(link.reason or "closed by the server")
 
-        tls: ssl.SSLContext | None = None
-        if tls_ca or tls_cert:
-            if bool(tls_cert) != bool(tls_key):
-                raise ConnectionError("PRIMUS_NATS_TLS_CERT and PRIMUS_NATS_TLS_KEY go "
-                                      "together: set both (a client certificate) or neither")
-            try:
-                tls = ssl.create_default_context(ssl.Purpose.SERVER_AUTH,
-                                                 cafile=str(tls_ca) if tls_ca else None)
-                if tls_cert and tls_key:
-                    tls.load_cert_chain(str(tls_cert), str(tls_key))
-            except (OSError, ssl.SSLError) as exc:
-                raise ConnectionError(
-                    f"cannot load the NATS TLS files (PRIMUS_NATS_TLS_CA {tls_ca}, "
-                    f"PRIMUS_NATS_TLS_CERT {tls_cert}, PRIMUS_NATS_TLS_KEY {tls_key}): {exc}; "
-                    "point them at readable PEM files") from exc
+        tls = tls_context(tls_ca, tls_cert, tls_key)
         security: NatsSecurity
         if token:
             security = NatsToken(token, ssl_context=tls)

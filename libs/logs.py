@@ -27,10 +27,12 @@ _shipper: Any = None  # the TelemetryPublisher while shipping
 
 def configure(service: str, level: str = "info", *,
               ship_to: tuple[str, str | None] | None = None,
+              ship_auth: dict[str, Any] | None = None,
               **bound: str | None) -> structlog.BoundLogger:
     """Log JSON lines on stderr as ``service`` (with ``bound`` ids on every
     line); with ``ship_to`` (the bus URL and token, ``Settings.log_ship``)
-    also ship every line to Lens."""
+    also ship every line to Lens, logged in with ``ship_auth`` (the
+    service's NATS ``user``, ``password`` and ``tls`` context) where given."""
     static = {"service": service, **{k: v for k, v in bound.items() if v is not None}}
 
     def add_static(_: object, __: str, event: dict[str, object]) -> dict[str, object]:
@@ -41,7 +43,7 @@ def configure(service: str, level: str = "info", *,
         return event
 
     if ship_to is not None and _shipper is None:
-        start_shipping(*ship_to, source=service)
+        start_shipping(*ship_to, source=service, **(ship_auth or {}))
     structlog.configure(
         processors=[
             structlog.contextvars.merge_contextvars,
@@ -65,12 +67,14 @@ def get_logger(**bound: str | None) -> structlog.BoundLogger:
 
 
 def start_shipping(url: str, token: str | None, *, source: str,
-                   max_pending: int = 10_000) -> Any:
+                   max_pending: int = 10_000, user: str | None = None,
+                   password: str | None = None, tls: Any = None) -> Any:
     """Ship every log line from now on; returns the publisher (stats, close)."""
     global _shipper
     from libs.sdk import TelemetryPublisher  # the SDK's publisher; imported only when used
 
-    _shipper = TelemetryPublisher(url, token, max_pending, name="primus-log-shipper")
+    _shipper = TelemetryPublisher(url, token, max_pending, name="primus-log-shipper",
+                                  user=user, password=password, tls=tls)
     _shipper.source = source
     _shipper.start()
     return _shipper

@@ -29,7 +29,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Protocol
 
 from libs import shutdown
-from libs.bus import Bus, on_connection_lost
+from libs.bus import Bus, on_connection_lost, tls_context
 from libs.logs import configure, get_logger
 from libs.routes import Empty, HealthReply, Routes, health_endpoint
 from libs.settings import Settings
@@ -124,7 +124,12 @@ async def run_service(service: Service | ServiceFactory, settings: Settings, *,
     make: ServiceFactory | None = None if hasattr(service, "start") else service  # type: ignore[assignment]
     current: Service = make() if make is not None else service  # type: ignore[assignment]
     ship_to = (settings.nats_url, settings.nats_token) if settings.log_ship else None
-    log = configure(current.name, settings.log_level, ship_to=ship_to, node=node)
+    # As the service's own NATS user (the chart and compose have no other login).
+    ship_auth = {"user": settings.nats_user, "password": settings.nats_password,
+                 "tls": tls_context(settings.nats_tls_ca, settings.nats_tls_cert,
+                                    settings.nats_tls_key)} if ship_to else None
+    log = configure(current.name, settings.log_level, ship_to=ship_to, ship_auth=ship_auth,
+                    node=node)
     # `kill -USR1 PID` prints every thread's stack to stderr: what a process
     # that will not stop is waiting on.
     faulthandler.register(signal.SIGUSR1, all_threads=True)

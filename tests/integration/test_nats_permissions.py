@@ -323,6 +323,33 @@ async def test_a_wrong_password_is_refused(secured: SecuredNats) -> None:
                           timeout_s=3)
 
 
+async def test_a_services_log_lines_ship_as_its_own_user(secured: SecuredNats,
+                                                         admin: Bus) -> None:
+    """PRIMUS_LOG_SHIP (on in the chart and compose): the shipper logs in as
+    the service's NATS user, the only login a service has there."""
+    from libs import logs
+    from libs.events import LogRecord, LogRecordData
+
+    line = LogRecord(source="bench-agent", node="n1", data=LogRecordData(
+        level="info", message="shipped as bench-agent", service="bench-agent"))
+    shipper = logs.start_shipping(secured.url, None, source="bench-agent", user="bench-agent",
+                                  password=secured.passwords["bench-agent"])
+    try:
+        assert shipper.offer(line)
+
+        async def stored() -> bool:
+            try:
+                msg = await admin.js.get_last_msg("TELEMETRY", line.subject)
+            except nats.js.errors.NotFoundError:
+                return False
+            return b"shipped as bench-agent" in msg.data
+
+        await _until(stored)
+    finally:
+        await asyncio.to_thread(logs.stop_shipping)
+    assert shipper.failed == 0
+
+
 def test_the_buckets_the_tables_name_exist() -> None:
     names = {b.name for r in ROLES for b in (*r.reads, *r.owns)}
     assert names <= set(KV_BUCKETS)
