@@ -8,6 +8,11 @@ quiet for ``settle_s``, then it is scanned once (one level, a few marker
 files: cheap) and ``on_change`` hears of a checkpoint newer than the last
 one told. A job that saves every few minutes thus costs a scan every few
 minutes; one that writes nothing costs nothing.
+
+On a network filesystem inotify hears only this machine's writes, so a
+watch may also look every ``poll_s`` seconds (a slow safety net, not the
+mechanism). A directory that does not exist yet (a read-only mount the
+job has not written to) is watched from when it appears.
 """
 
 from __future__ import annotations
@@ -41,29 +46,44 @@ class CheckpointWatch:
     """One job's directory; ``start`` and ``stop`` around its run."""
 
     def __init__(self, directory: Path, on_change: OnChange, *,
-                 world_size: int | None = None, settle_s: float = 1.0) -> None:
+                 world_size: int | None = None, settle_s: float = 1.0,
+                 poll_s: float | None = None, create: bool = True) -> None:
         self.directory, self.on_change = directory, on_change
         self.world_size, self.settle_s = world_size, settle_s
+        self.poll_s, self.create = poll_s, create
+        self._watching = False
         self.last: tuple[int, str] | None = None  # (step, path) last told
         self._observer: Observer | None = None  # type: ignore[valid-type]
         self._task: asyncio.Task[None] | None = None
         self._log = get_logger(component="checkpoint-watch", directory=str(directory))
 
     async def start(self) -> None:
-        self.directory.mkdir(parents=True, exist_ok=True)
+        if self.create:
+            self.directory.mkdir(parents=True, exist_ok=True)
         changed = asyncio.Event()
+        self._wake = _Wake(asyncio.get_running_loop(), changed)
         observer = Observer()
-        observer.schedule(_Wake(asyncio.get_running_loop(), changed), str(self.directory),
-                          recursive=True)
         observer.daemon = True
         observer.start()
         self._observer = observer
+        self._schedule()
         changed.set()  # what is there already (a restart, a resumed job)
         self._task = asyncio.create_task(self._run(changed))
 
+    def _schedule(self) -> None:
+        if self._watching or self._observer is None or not self.directory.is_dir():
+            return
+        self._observer.schedule(self._wake, str(self.directory), recursive=True)
+        self._watching = True
+
     async def _run(self, changed: asyncio.Event) -> None:
         while True:
-            await changed.wait()
+            if self.poll_s is None:
+                await changed.wait()
+            else:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(changed.wait(), self.poll_s)
+            self._schedule()
             # Quiet for settle_s: a checkpoint being written keeps waking us.
             while True:
                 changed.clear()

@@ -103,6 +103,10 @@ class Settings(BaseSettings):
         default=None, description="bench agent on Kubernetes: the kubelet's pod log directory "
         "(/var/log/pods), whose worker containers' output the agent ships to Lens; unset: "
         "off (the local driver's supervisors ship it themselves)")
+    agent_checkpoints_dir: Path | None = Field(
+        default=None, description="bench agent on Kubernetes: the shared checkpoint claim, "
+        "mounted read-only; the agent of the node running a job's rank 0 watches the job's "
+        "directory (jobs/<job>) and announces its newest complete checkpoint; unset: off")
     lens_logs_ttl_days: int = Field(default=14, ge=1, description="lens-collector: how long "
                                     "log lines (workers' and services') are kept")
     lens_alerts_file: Path | None = Field(default=None, description="lens-collector: alert rules")

@@ -35,6 +35,7 @@ from libs.events import (
     BenchRequest,
     BenchResult,
     BenchResultData,
+    Event,
     HeartbeatData,
     JobCancelled,
     JobCompleted,
@@ -53,6 +54,7 @@ from libs.settings import Settings
 from libs.tasks import cancel_and_wait
 from libs.wiring import wire
 from services.bench import levels, probes
+from services.bench.checkpoint_watches import CheckpointWatches
 from services.bench.config import ConfigFile
 from services.bench.host_metrics import HostSampler
 from services.bench.node_sampler import GpuSource, NodeSampler
@@ -139,6 +141,10 @@ class BenchAgent:
                          and settings.worker_log_ship else None)
         self.source = f"bench-agent/{node}"
         self.bus: Bus | None = None
+        # Kubernetes: the checkpoints of the jobs whose rank 0 runs here.
+        self.checkpoints = (CheckpointWatches(settings.agent_checkpoints_dir, node,
+                                              self._publish)
+                            if settings.agent_checkpoints_dir else None)
         self.host = HostSampler()
         self.config = ConfigFile(config_path or settings.bench_config)
         self.schedule = ProbeSchedule(self.config.current.probes, now=time.monotonic(),
@@ -171,7 +177,19 @@ class BenchAgent:
         # Read before the events are: they start a few minutes back (replay_s)
         # and are applied over what was read, which only an event can undo.
         await self._rebuild_placements()
+        await self._placements_changed()
         await wire(bus, AGENT, self, node=self.node)
+
+    async def _publish(self, event: Event) -> None:
+        assert self.bus is not None
+        await self.bus.publish(event)
+
+    async def _placements_changed(self) -> None:
+        if self.checkpoints is not None:
+            try:
+                await self.checkpoints.sync(self.placements.leading())
+            except Exception as exc:  # a watch that cannot start must not stop the agent
+                self._log.warning("checkpoint watch not started", error=repr(exc))
 
     async def _rebuild_placements(self) -> None:
         """The placements on this node that the scheduler's job records hold
@@ -220,17 +238,20 @@ class BenchAgent:
         if self.placements.placed(event.job, event.data.attempt, event.data.workers):
             self._log.info("gpus placed", job=event.job, attempt=event.data.attempt,
                            held=self.placements.snapshot())
+            await self._placements_changed()
 
     async def on_worker_exited(self, event: WorkerExited) -> None:
         if event.node == self.node and self.placements.exited(
                 event.job, event.data.attempt, event.data.rank):
             self._log.info("gpus freed: worker exited", job=event.job,
                            attempt=event.data.attempt, rank=event.data.rank)
+            await self._placements_changed()
 
     async def on_job_ended(self, event: JobCompleted | JobFailed | JobStopped | JobCancelled
                            | JobDeleted) -> None:
         if self.placements.ended(event.job, event.data.attempt):
             self._log.info("gpus freed: job ended", job=event.job, event=event.type)
+            await self._placements_changed()
 
     # ------------------------------------------------------------------ bench requests
 
@@ -488,6 +509,8 @@ class BenchAgent:
         if self._gate is not None:
             self._gate.abort()
         await cancel_and_wait([*self._tasks, *self._probes])
+        if self.checkpoints is not None:
+            await self.checkpoints.close()
         # Said after the last heartbeat went out (a beat behind it would mean
         # "back"): the node and its workers run on while this agent restarts,
         # and failover waits for it rather than evacuating them.
@@ -505,6 +528,8 @@ class BenchAgent:
                 "busy": self.busy, "probe_reports": self.probe_reports,
                 "placements": self.placements.snapshot(),
                 "pod_logs": self.pod_logs.snapshot() if self.pod_logs else None,
+                "checkpoint_watches": (self.checkpoints.snapshot() if self.checkpoints
+                                       else None),
                 "probes": self.schedule.snapshot(),
                 "config": str(self.config.path) if self.config.path else None,
                 "config_error": self.config.error}

@@ -124,6 +124,11 @@ class Placements:
         return {d: w.owner for w in self._workers.values() if w.devices
                 for d in w.devices if d in present}
 
+    def leading(self) -> dict[str, int]:
+        """job -> attempt, for the jobs whose rank 0 runs on this node."""
+        return {w.owner.job: w.owner.attempt for w in self._workers.values()
+                if w.owner.rank == 0}
+
     def snapshot(self) -> dict[str, dict[str, int | list[int] | None]]:
         """What is held, for the agent's health reply: ``job/rank`` -> its
         attempt, GPU count and devices (None until telemetry saw them)."""

@@ -8,6 +8,7 @@ from libs.events import (
     BenchRequest,
     BenchResult,
     JobCancelled,
+    JobCheckpoint,
     JobCompleted,
     JobDeleted,
     JobFailed,
@@ -46,7 +47,7 @@ AGENT = Routes(
     ),
     # WorkerLog: its job pods' output on Kubernetes (pod_logs).
     publishes=(NodeHeartbeat, NodeAgentStopping, NodeTelemetry, BenchResult, LogRecord,
-               WorkerLog),
+               WorkerLog, JobCheckpoint),
     reads=(JOBS,),  # the placements held when the agent starts
     # PAIR, SHARE, TURN: multi-node runs; NODE_WORKERS: does a job run here
     # (heavy probes are skipped then).

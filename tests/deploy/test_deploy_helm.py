@@ -694,3 +694,28 @@ def test_bad_values_are_refused(helm: Path, args: list[str], message: str) -> No
     proc = run_helm(helm, "template", RELEASE, CHART, *args)
     assert proc.returncode != 0
     assert message in proc.stderr, proc.stderr
+
+
+@pytest.mark.parametrize("values", [{}, {"benchAgent": {"checkpointWatch": {"enabled": False}}},
+                                    {"checkpoints": {"create": False}},
+                                    {"checkpoints": {"create": False, "claimName": "nfs-ckpt"}}],
+                         ids=["on", "off", "no-claim", "existing-claim"])
+def test_the_agent_watches_the_checkpoint_claim_read_only(render: Renderer,
+                                                          values: dict[str, Any]) -> None:
+    """Where there is a checkpoint claim, the agent mounts the same claim the
+    scheduler gives the workers, read-only, and is told where."""
+    objs = render(values)
+    agent = workloads(objs)["bench-agent"]
+    container = main_container(agent)
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    claims = {v["persistentVolumeClaim"]["claimName"]: v for v in pod_spec(agent)["volumes"]
+              if "persistentVolumeClaim" in v}
+    scheduler = {e["name"]: e.get("value")
+                 for e in main_container(workloads(objs)["scheduler"])["env"]}
+    if values.get("benchAgent") or values == {"checkpoints": {"create": False}}:
+        assert "PRIMUS_AGENT_CHECKPOINTS_DIR" not in env and not claims
+        return
+    claim = scheduler["PRIMUS_K8S_CHECKPOINT_PVC"]
+    assert list(claims) == [claim] and claims[claim]["persistentVolumeClaim"]["readOnly"]
+    mount = next(m for m in container["volumeMounts"] if m["name"] == claims[claim]["name"])
+    assert mount["readOnly"] is True and mount["mountPath"] == env["PRIMUS_AGENT_CHECKPOINTS_DIR"]
