@@ -6,12 +6,16 @@ QoS maps to priority (LS -> high, Guaranteed/Burstable -> medium, BE -> low);
 arrival = ``creation_time``, run time = ``deletion_time - scheduled_time``
 (tasks never scheduled in the trace are skipped). Racks are synthesised from
 the sorted node names (32 nodes a rack, 8 racks a switch), IPs from the
-rack and slot. The same arrivals go through a plain FIFO first-fit
-scheduler; both are measured on GPU allocation over time, queueing delay per
-priority, fragmentation (free GPUs stranded on partly used nodes) and
-preemptions, and drawn in one PNG (needs matplotlib). Free GPUs held for a
-blocked job (the policy's reservations, draining a node for a bigger task)
-are counted apart from stranded ones.
+rack and slot. The same arrivals go through two plain FIFO baselines,
+first-fit (first node in name order) and best-fit (tightest node), in the
+same run. All three are measured on GPU allocation over time, over the
+whole arrival window and over its contended part (while tasks queue),
+queueing delay per priority and per size class (1, 2-4, 5-7, 8, >8 GPUs),
+GPU-weighted wait, job completion time (arrival to end), fragmentation
+(free GPUs stranded on partly used nodes), GPUs held idle for blocked jobs
+(the policy's reservations) and preemptions, and drawn in one PNG (needs
+matplotlib). The JSON line holds every figure with its ratio to each
+baseline.
 
 The trace's whole-GPU tasks ask for far less than its 6,212 GPUs (peak ~60
 GPUs in real time), so by default arrivals are compressed 1,000x and every
@@ -20,8 +24,11 @@ GPUs in real time), so by default arrivals are compressed 1,000x and every
 columns (the ``multigpu50`` resample) borrow them by pod name from the
 ``..._default.csv`` list next to them.
 
-Run: ``python bench/scheduler_trace.py [NODES.csv PODS.csv]``. The last line
-printed is one JSON object with every figure.
+``--load L`` divides every arrival time by L (L times the arrival rate), so
+the cluster is contended for most of the replay.
+
+Run: ``python bench/scheduler_trace.py [NODES.csv PODS.csv] [--load 2]``. The
+last line printed is one JSON object with every figure.
 """
 
 from __future__ import annotations
@@ -48,13 +55,15 @@ from services.scheduler.policy import (  # noqa: E402
     Workspace,
     schedule,
 )
-from services.scheduler.policy.baseline import FirstFit  # noqa: E402
+from services.scheduler.policy.baseline import BestFit, FirstFit  # noqa: E402
 
 TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"
 NODES_CSV = TRACES / "alibaba-gpu-v2023-openb_node_list_gpu_node.csv"
 PODS_CSV = TRACES / "alibaba-gpu-v2023-openb_pod_list_default.csv"
 QOS_PRIORITY = {"LS": "high", "Guaranteed": "medium", "Burstable": "medium", "BE": "low"}
 PRIORITIES = ("high", "medium", "low")
+SIZES = (("1", 1, 1), ("2-4", 2, 4), ("5-7", 5, 7), ("8", 8, 8), (">8", 9, 1 << 30))
+SCHEDULERS = {"policy": None, "fifo first-fit": FirstFit, "fifo best-fit": BestFit}
 WORKSPACE = Workspace("openb", queue_policy="balance")
 
 
@@ -79,7 +88,8 @@ def load_nodes(path: Path, *, rack_size: int, fraction: float) -> list[Node]:
     return nodes
 
 
-def load_tasks(path: Path, *, speedup: float, min_runtime_s: float) -> tuple[list[Task], dict]:
+def load_tasks(path: Path, *, speedup: float, min_runtime_s: float,
+               load: float = 1.0) -> tuple[list[Task], dict]:
     with path.open() as f:
         rows = list(csv.DictReader(f))
     borrowed = 0
@@ -105,7 +115,7 @@ def load_tasks(path: Path, *, speedup: float, min_runtime_s: float) -> tuple[lis
         if not row.get("scheduled_time"):
             skipped["never_scheduled"] += 1
             continue
-        arrival = (float(row["creation_time"]) - start) / speedup
+        arrival = (float(row["creation_time"]) - start) / speedup / load
         duration = max(1.0, float(row["deletion_time"]) - float(row["scheduled_time"]))
         spec = row.get("gpu_spec") or ""
         prio = QOS_PRIORITY.get(row.get("qos", ""), "medium")
@@ -126,17 +136,25 @@ def hash_index(name: str, n: int) -> int:
 
 @dataclass
 class Metrics:
-    samples: list[tuple[float, float, float, int, float]] = field(default_factory=list)
+    samples: list[tuple[float, float, float, int, float, float]] = field(default_factory=list)
     """(time, allocated fraction, stranded fraction of free GPUs, queue length,
-    fraction of free GPUs held for blocked jobs)."""
+    fraction of free GPUs held for blocked jobs, free GPUs held for blocked
+    jobs as a fraction of all GPUs)."""
     started: dict[str, float] = field(default_factory=dict)
+    finished: dict[str, float] = field(default_factory=dict)
     preemptions: int = 0
     cycles: int = 0
     decide_s: float = 0.0
     reservations: dict[str, tuple[str, ...]] = field(default_factory=dict)
 
 
-def replay(nodes: list[Node], tasks: list[Task], *, policy: bool, cycle_s: float) -> Metrics:
+def replay(nodes: list[Node], tasks: list[Task], *, policy: bool | str,
+           cycle_s: float) -> Metrics:
+    """``policy``: True or "policy" for the scheduler's policy, False or
+    "fifo first-fit", or "fifo best-fit"."""
+    name = "policy" if policy is True else "fifo first-fit" if policy is False else policy
+    baseline = SCHEDULERS[name]
+    policy = baseline is None
     capacity = {n.name: n.gpus for n in nodes}
     total = sum(capacity.values())
     used = dict.fromkeys(capacity, 0)
@@ -145,7 +163,7 @@ def replay(nodes: list[Node], tasks: list[Task], *, policy: bool, cycle_s: float
     live: dict[str, Allocation] = {}
     ends: list[tuple[float, str, int]] = []
     generation: dict[str, int] = {}
-    first_fit = FirstFit(nodes) if not policy else None
+    first_fit = baseline(nodes) if baseline is not None else None
     config = SchedulerConfig()
     m = Metrics()
     now, i = 0.0, 0
@@ -155,6 +173,7 @@ def replay(nodes: list[Node], tasks: list[Task], *, policy: bool, cycle_s: float
             _, jid, gen = heapq.heappop(ends)
             if generation.get(jid) == gen and jid in live:
                 _release(live.pop(jid), used, first_fit)
+                m.finished[jid] = now
                 changed = True
         for jid in [j for j, a in live.items() if a.terminating]:
             _release(live.pop(jid), used, first_fit)
@@ -181,7 +200,8 @@ def replay(nodes: list[Node], tasks: list[Task], *, policy: bool, cycle_s: float
                 heapq.heappush(ends, (now + left[jid], jid, generation[jid]))
         held = {n for names in m.reservations.values() for n in names}
         stranded, reserved = _stranded(used, capacity, held)
-        m.samples.append((now, sum(used.values()) / total, stranded, len(pending), reserved))
+        m.samples.append((now, sum(used.values()) / total, stranded, len(pending),
+                          reserved, sum(capacity[n] - used[n] for n in held) / total))
         upcoming = [t for t in (tasks[i].arrival if i < len(tasks) else None,
                                 ends[0][0] if ends else None) if t is not None]
         if any(a.terminating for a in live.values()):
@@ -189,7 +209,7 @@ def replay(nodes: list[Node], tasks: list[Task], *, policy: bool, cycle_s: float
         if not upcoming:
             break
         now = max(now + cycle_s, min(upcoming))
-    m.samples.append((now, 0.0, 0.0, len(pending), 0.0))
+    m.samples.append((now, 0.0, 0.0, len(pending), 0.0, 0.0))
     return m
 
 
@@ -240,34 +260,57 @@ def _stranded(used: dict[str, int], capacity: dict[str, int],
     return (stranded / free, reserved / free) if free else (0.0, 0.0)
 
 
+def _mean_p99(values: list[float]) -> tuple[float, float]:
+    values = sorted(values)
+    if len(values) == 1:
+        return values[0], values[0]
+    return statistics.fmean(values), statistics.quantiles(values, n=100,
+                                                          method="inclusive")[98]
+
+
 def summarise(m: Metrics, tasks: list[Task]) -> dict[str, Any]:
     """Time-weighted means over the arrival window (first to last arrival):
-    after it the cluster only drains the trace's month-long tasks."""
+    after it the cluster only drains the trace's month-long tasks. The
+    contended window is the part of it with tasks queued: there a policy
+    shows what it does with GPUs that something is waiting for."""
     window = tasks[-1].arrival if tasks else 0.0
     span = [(min(b[0], window) - a[0], a) for a, b in zip(m.samples, m.samples[1:], strict=False)
             if a[0] < window]
     weight = sum(w for w, _ in span) or 1.0
+    contended = [(w, s) for w, s in span if s[3] > 0]
+    contended_weight = sum(w for w, _ in contended)
     out: dict[str, Any] = {
         "window_s": window,
         "mean_allocation": sum(w * s[1] for w, s in span) / weight,
+        "contended_share": contended_weight / weight,
+        "contended_allocation": (sum(w * s[1] for w, s in contended) / contended_weight
+                                 if contended_weight else None),
         "peak_allocation": max((s[1] for _, s in span), default=0.0),
         "mean_stranded_free": sum(w * s[2] for w, s in span) / weight,
         "mean_reserved_free": sum(w * s[4] for w, s in span) / weight,
+        "reserved_idle_share": sum(w * s[5] for w, s in span) / weight,
         "mean_queue": sum(w * s[3] for w, s in span) / weight,
         "preemptions": m.preemptions, "cycles": m.cycles,
         "ms_per_cycle": 1e3 * m.decide_s / max(1, m.cycles),
         "unstarted": sum(1 for t in tasks if t.job.id not in m.started)}
-    for prio in PRIORITIES:
-        waits = sorted(m.started[t.job.id] - t.arrival for t in tasks
-                       if t.job.priority == prio and t.job.id in m.started)
+    started = [t for t in tasks if t.job.id in m.started]
+    gpus = sum(t.job.gpus_per_worker for t in started)
+    out["gpu_weighted_mean_wait_s"] = (sum((m.started[t.job.id] - t.arrival)
+                                           * t.job.gpus_per_worker for t in started) / gpus
+                                       if gpus else 0.0)
+    classes = [(prio, lambda t, p=prio: t.job.priority == p) for prio in PRIORITIES]
+    classes += [(f"{label}gpu", lambda t, lo=lo, hi=hi: lo <= t.job.gpus_per_worker <= hi)
+                for label, lo, hi in SIZES]
+    for name, member in classes:
+        waits = [m.started[t.job.id] - t.arrival for t in started if member(t)]
         if waits:
-            p99 = statistics.quantiles(waits, n=100, method="inclusive")[98] if len(waits) > 1 \
-                else waits[0]
-            out[f"{prio}_mean_wait_s"] = statistics.fmean(waits)
-            out[f"{prio}_p99_wait_s"] = p99
-            out[f"{prio}_tasks"] = len(waits)
-    eight = sorted(m.started[t.job.id] - t.arrival for t in tasks
-                   if t.job.gpus_per_worker >= 8 and t.job.id in m.started)
+            out[f"{name}_mean_wait_s"], out[f"{name}_p99_wait_s"] = _mean_p99(waits)
+            out[f"{name}_tasks"] = len(waits)
+        jct = [m.finished[t.job.id] - t.arrival for t in started
+               if member(t) and t.job.id in m.finished]
+        if jct:
+            out[f"{name}_mean_jct_s"], out[f"{name}_p99_jct_s"] = _mean_p99(jct)
+    eight = [m.started[t.job.id] - t.arrival for t in started if t.job.gpus_per_worker >= 8]
     out["8gpu_mean_wait_s"] = statistics.fmean(eight) if eight else 0.0
     return out
 
@@ -292,7 +335,7 @@ def plot(path: Path, runs: dict[str, Metrics], window: float) -> str:
     axes[2].set_ylabel("queued tasks")
     axes[2].set_xlabel("virtual time (h)")
     axes[0].legend()
-    axes[0].set_title("Alibaba GPU trace replay: policy vs FIFO first-fit")
+    axes[0].set_title("Alibaba GPU trace replay: policy vs FIFO first-fit and best-fit")
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -304,6 +347,8 @@ def main() -> None:
     parser.add_argument("nodes_csv", nargs="?", type=Path, default=NODES_CSV)
     parser.add_argument("pods_csv", nargs="?", type=Path, default=PODS_CSV)
     parser.add_argument("--speedup", type=float, default=1000.0)
+    parser.add_argument("--load", type=float, default=1.0,
+                        help="arrivals this many times as fast (contention for most of the run)")
     parser.add_argument("--node-fraction", type=float, default=0.25)
     parser.add_argument("--rack-size", type=int, default=32)
     parser.add_argument("--cycle-s", type=float, default=10.0)
@@ -313,37 +358,57 @@ def main() -> None:
     args = parser.parse_args()
     nodes = load_nodes(args.nodes_csv, rack_size=args.rack_size, fraction=args.node_fraction)
     tasks, skipped = load_tasks(args.pods_csv, speedup=args.speedup,
-                                min_runtime_s=args.min_runtime_s)
-    t0 = time.perf_counter()
-    runs = {"policy": replay(nodes, tasks, policy=True, cycle_s=args.cycle_s)}
-    policy_wall = time.perf_counter() - t0
-    runs["fifo first-fit"] = replay(nodes, tasks, policy=False, cycle_s=args.cycle_s)
+                                min_runtime_s=args.min_runtime_s, load=args.load)
+    runs, wall = {}, {}
+    for name in SCHEDULERS:
+        t0 = time.perf_counter()
+        runs[name] = replay(nodes, tasks, policy=name, cycle_s=args.cycle_s)
+        wall[name] = time.perf_counter() - t0
     figures = {name: summarise(m, tasks) for name, m in runs.items()}
-    pol, base = figures["policy"], figures["fifo first-fit"]
+    pol, ff, bf = (figures[n] for n in SCHEDULERS)
     print(f"{len(nodes)} nodes / {sum(n.gpus for n in nodes)} GPUs in "
           f"{len({n.rack for n in nodes})} racks; {len(tasks)} whole-GPU tasks "
-          f"(skipped {skipped}); speedup {args.speedup:g}x, cycle {args.cycle_s:g}s")
+          f"(skipped {skipped}); speedup {args.speedup:g}x, load {args.load:g}x, "
+          f"cycle {args.cycle_s:g}s")
+    print(f"  {'':28} {'policy':>12} {'first-fit':>12} {'best-fit':>12}")
     for key in pol:
-        print(f"  {key:22} {_fmt(pol[key]):>12} {_fmt(base.get(key, '')):>12}")
+        print(f"  {key:28} {_fmt(pol[key]):>12} {_fmt(ff.get(key, '')):>12} "
+              f"{_fmt(bf.get(key, '')):>12}")
     where = plot(args.plot, runs, pol["window_s"])
-    print(f"plot: {where}; policy replay took {policy_wall:.1f}s")
+    print(f"plot: {where}; policy replay took {wall['policy']:.1f}s")
+    ratios = {key: {"first_fit": _ratio(value, ff.get(key)),
+                    "best_fit": _ratio(value, bf.get(key))}
+              for key, value in pol.items() if isinstance(value, float)}
     print(json.dumps({
-        "name": "scheduler_trace_mean_gpu_allocation", "value": round(pol["mean_allocation"], 4),
-        "unit": "fraction", "baseline": round(base["mean_allocation"], 4),
-        "ratio": round(pol["mean_allocation"] / base["mean_allocation"], 4)
-        if base["mean_allocation"] else None,
-        "policy": _rounded(pol), "fifo_first_fit": _rounded(base), "plot": where,
+        "name": "scheduler_trace_contended_gpu_allocation",
+        "value": _round(pol["contended_allocation"]), "unit": "fraction",
+        "baseline": _round(ff["contended_allocation"]), "baseline_name": "FIFO first-fit",
+        "ratio": _ratio(pol["contended_allocation"], ff["contended_allocation"]),
+        "ratio_best_fit": _ratio(pol["contended_allocation"], bf["contended_allocation"]),
+        "policy": _rounded(pol), "fifo_first_fit": _rounded(ff), "fifo_best_fit": _rounded(bf),
+        "ratios": ratios, "plot": where,
         "nodes": len(nodes), "gpus": sum(n.gpus for n in nodes), "tasks": len(tasks),
-        "skipped": skipped, "speedup": args.speedup, "node_fraction": args.node_fraction,
-        "pods_csv": args.pods_csv.name}))
+        "skipped": skipped, "speedup": args.speedup, "load": args.load,
+        "node_fraction": args.node_fraction, "pods_csv": args.pods_csv.name}))
+
+
+def _ratio(value: Any, base: Any) -> float | None:
+    """value / base, rounded; None where either is missing or base is 0."""
+    if not isinstance(value, int | float) or not isinstance(base, int | float) or not base:
+        return None
+    return round(value / base, 4)
+
+
+def _round(value: Any) -> Any:
+    return round(value, 4) if isinstance(value, float) else value
 
 
 def _fmt(v: object) -> str:
-    return f"{v:,.3f}" if isinstance(v, float) else str(v)
+    return f"{v:,.3f}" if isinstance(v, float) else "-" if v is None else str(v)
 
 
 def _rounded(d: dict[str, Any]) -> dict[str, Any]:
-    return {k: round(v, 4) if isinstance(v, float) else v for k, v in d.items()}
+    return {k: _round(v) for k, v in d.items()}
 
 
 if __name__ == "__main__":

@@ -1,11 +1,14 @@
-"""A plain FIFO first-fit scheduler, kept as the yardstick for benchmarks.
+"""Plain FIFO first-fit and best-fit schedulers, kept as yardsticks for
+benchmarks.
 
 Jobs in submission order (no priorities, no preemption, no quotas), each
 worker on the first ready node in name order with enough free GPUs, gangs
 all-or-nothing, a job that does not fit is skipped (greedy, so the queue
 does not stall behind it). It is what a cluster gets without a scheduler
 of its own, and what the policy's topology, packing and fairness are
-measured against. Not used by the service.
+measured against. ``BestFit`` is the same but puts each worker on the
+tightest node that holds it (least free GPUs left), the classic packing
+heuristic against fragmentation. Not used by the service.
 """
 
 from __future__ import annotations
@@ -62,6 +65,38 @@ class FirstFit:
             if i is not None:
                 self.free[i] += gpus
                 self.total_free += gpus
+
+
+class BestFit(FirstFit):
+    """FIFO, each worker on the ready node with the fewest free GPUs that
+    still holds it (ties: name order)."""
+
+    def decide(self, job: Job) -> tuple[Slot, ...] | None:
+        need = job.workers * job.gpus_per_worker
+        if need > self.total_free:
+            return None
+        g = job.gpus_per_worker
+        models = job.gpu_models
+        free = self.free
+        taken: dict[int, int] = {}
+        for _ in range(job.workers):
+            best = -1
+            for i, f in enumerate(free):
+                left = f - taken.get(i, 0) * g
+                if left < g or (models and self.models[i] not in models):
+                    continue
+                if best < 0 or left < free[best] - taken.get(best, 0) * g:
+                    best = i
+                    if left == g:
+                        break  # an exact fit: none is tighter
+            if best < 0:
+                return None
+            taken[best] = taken.get(best, 0) + 1
+        chosen = [i for i, k in sorted(taken.items()) for _ in range(k)]
+        for i in chosen:
+            free[i] -= g
+        self.total_free -= need
+        return tuple((self.names[i], g) for i in chosen)
 
 
 def fifo_first_fit(nodes: Sequence[Node], running: Iterable[Allocation],
