@@ -18,6 +18,7 @@ returns the batches to send (``Shipper`` in ``local_worker`` sends them).
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
@@ -26,6 +27,9 @@ from pydantic import BaseModel, ConfigDict, Field
 from libs.events import LogStream, WorkerLog, WorkerLogData
 
 CUT_MARK = " [primus-safe: line cut, {n} more bytes]"
+# Characters JSON writes as \u00XX (6 bytes for one): binary output in a
+# line must not push a batch past NATS's 1 MiB message limit.
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
 class LogLimits(BaseModel):
@@ -168,7 +172,10 @@ class Batcher:
 
     def _add(self, line: _Line) -> None:
         self._pending.append(line)
-        self._pending_bytes += len(line.text) + 16
+        size = len(line.text) + 16
+        if not line.text.isprintable():  # tabs, colours, binary: as JSON escapes them
+            size += 5 * len(_CONTROL.findall(line.text))
+        self._pending_bytes += size
 
     def _close_batch(self) -> list[WorkerLog]:
         if not self._pending:

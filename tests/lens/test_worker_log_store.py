@@ -204,3 +204,16 @@ def test_drops_at_the_very_end_are_still_told() -> None:
     assert texts[0] == "kept" and texts[1].startswith("primus-safe: 1 line(s), 500 bytes")
     assert sum(e.data.dropped_lines for e in out) == 1
     assert [e.data.seq for e in out] == [0, 1]
+
+
+def test_binary_output_never_makes_a_batch_too_big_for_the_bus() -> None:
+    """NUL bytes are valid UTF-8 that JSON writes six bytes long: batches
+    of such lines still stay under NATS's 1 MiB message limit."""
+    b = Batcher.for_worker("job-i", 1, 0, None, 1, LogLimits())
+    line = bytes(range(32)) * 512  # 16 KiB of control characters
+    out = []
+    for i in range(200):
+        out += b.feed([line], "stdout", i * 0.001)
+    out += b.take(1.0, flush=True)
+    assert sum(len(e.data.text) for e in out) == 200
+    assert max(len(encode_event(e)) for e in out) < 1 << 20
