@@ -95,7 +95,7 @@ async def driver(api: FakeKubeApi, events: list[Event]) -> AsyncIterator[Kuberne
 
     api_client = client.ApiClient(client.Configuration(host=api.url))
     drv = KubernetesDriver(CONFIG, sink, nats_url=NATS, api_client=api_client,
-                           watch_timeout_s=30, stop_wait_s=2.0)
+                           watch_timeout_s=30, stop_wait_s=10.0)
     try:
         yield drv
     finally:
@@ -318,7 +318,7 @@ async def test_a_lost_pod_is_reported_even_when_the_bus_refuses_it_at_first(
 
     api_client = client.ApiClient(client.Configuration(host=api.url))
     drv = KubernetesDriver(CONFIG, sink, nats_url=NATS, api_client=api_client,
-                           watch_timeout_s=30, stop_wait_s=2.0)
+                           watch_timeout_s=30, stop_wait_s=10.0)
     try:
         await drv.launch(JOB, 4, SPEC, SLOTS)
         api.pods.pop(pod_name(JOB, 4, 0))
@@ -421,7 +421,7 @@ async def test_each_job_gets_its_own_nats_credential_in_a_secret_removed_when_it
         events.append(event)
 
     drv = KubernetesDriver(config, sink, nats_url=NATS, api_client=api_client,
-                           watch_timeout_s=30, stop_wait_s=1.0, job_credential_key=key)
+                           watch_timeout_s=30, stop_wait_s=10.0, job_credential_key=key)
     try:
         await drv.launch(JOB, 1, SPEC, SLOTS)
         await drv.launch("other", 1, SPEC, [WorkerSlot(rank=0, node="node-c", gpus=8)])

@@ -225,6 +225,11 @@ def test_submit_without_a_bus_fails_fast_on_stderr_only(tmp_path: Path,
                                                         cli_env: dict[str, str]) -> None:
     job = tmp_path / "job.yaml"
     job.write_text("name: j\nworkers: 1\ncommand: [python, -c, 'pass']\n")
+    # What starting the CLI costs on this machine now (a loaded machine
+    # starts Python slower): the bus's part must stay within its 2 s.
+    t0 = time.monotonic()
+    assert run_cli("--help", env=cli_env, timeout=20).returncode == 0
+    start = time.monotonic() - t0
     t0 = time.monotonic()
     out = run_cli("submit", str(job), env=cli_env, timeout=20)
     took = time.monotonic() - t0
@@ -234,7 +239,7 @@ def test_submit_without_a_bus_fails_fast_on_stderr_only(tmp_path: Path,
     stack = Path(cli_env["PRIMUS_STATE_DIR"]).resolve() / STACK_FILE
     assert str(stack) in lines[0] and "PRIMUS_NATS_URL (unset)" in lines[0]
     assert "Connection refused" in lines[0] and "Traceback" not in out.stderr
-    assert took < 2 + 1.5, f"took {took:.1f} s (the interpreter starts in about 1 s)"
+    assert took < start + 2.5, f"took {took:.1f} s (starting the CLI alone: {start:.1f} s)"
 
 
 def test_submit_names_primus_nats_url_when_set(tmp_path: Path, cli_env: dict[str, str]) -> None:
