@@ -45,7 +45,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -240,13 +241,14 @@ def plan_run(templates: list[Template], seconds: int, phase: int = 0
     return render(templates, seconds, first, phase), first
 
 
-async def publish(url: str, plan: list[tuple[float, bytes]]) -> None:
+async def publish(url: str, plan: list[tuple[float, bytes]], name: str = "bench-agents"
+                  ) -> None:
     """Each burst when it is due (raw HPUB frames, no per-message ack wait),
     so that the load generator takes little of the CPU the collector needs;
     the stream's message count afterwards says whether JetStream stored them
     all. A burst sent late still carries its due time, so the lag measured
     includes any delay of the load generator itself."""
-    out = FastPublisher(url, name="bench-agents")
+    out = FastPublisher(url, name=name)
     await out.start()
     try:
         for due, frames in plan:
@@ -266,43 +268,87 @@ async def phase(bus: Bus, url: str, nodes: int, seconds: int, number: int,
     plan, first = plan_run(templates, seconds, number)
     sent = seconds * nodes
     before = await stored_messages(bus)
+
+    async def stored_now() -> int:
+        return await stored_messages(bus) - before
+
+    done = await offer(url, plan, stored_now, sent, first, pids)
+    del plan
+    stored, rate = done.stored, done.rate * GPUS_PER_NODE
+    lag = (await lens(bus, "ingest_lag_between", since_ms=int(first * 1000),
+                      until_ms=int((first + seconds) * 1000)))[0]
+    return {"seconds": seconds, "messages_published": sent,
+            "messages_stored": stored, "offered_gpu_rows_per_s": nodes * GPUS_PER_NODE,
+            "stored_gpu_rows_per_s": round(rate), "drained_s": done.drained_s,
+            "lag_p50_s": lag["p50_s"], "lag_p99_s": lag["p99_s"], "lag_max_s": lag["max_s"],
+            **{f"cpu_us_per_gpu_row_{k}": round(1e6 * v / max(1, stored * GPUS_PER_NODE), 3)
+               for k, v in done.cpu.items()}}
+
+
+@dataclass
+class Offered:
+    """What a phase's publishing measured."""
+
+    stored: int  # what the collector stored of it
+    rate: float  # stored per second over the steady part (least squares)
+    drained_s: float  # from the last publish until the count stopped moving
+    cpu: dict[str, float]  # CPU seconds each process spent
+
+
+async def offer(url: str, plan: list[tuple[float, bytes]], stored: Callable[[], Awaitable[int]],
+                expected: int, first: float, pids: dict[str, int], *,
+                publisher: str = "bench-agents") -> Offered:
+    """Publish ``plan`` while sampling ``stored()`` every 0.25 s, then wait
+    until ``expected`` is stored or the count has not moved for 30 s. The
+    rate is the least-squares slope over the steady part (after WARMUP_S
+    from ``first``, until the last publish): the count moves in steps of one
+    insert (about a second of data), so two end points would be off by up
+    to one insert."""
     cpu0 = {k: cpu_seconds(pid) for k, pid in pids.items()}
     samples: list[tuple[float, int]] = []
 
     async def watch() -> None:
         while True:
-            samples.append((time.time(), await stored_messages(bus) - before))
+            samples.append((time.time(), await stored()))
             await asyncio.sleep(0.25)
 
     watcher = asyncio.create_task(watch())
-    await publish(url, plan)
-    del plan
+    await publish(url, plan, publisher)
     published_at = time.time()
     await asyncio.sleep(0.5)
     watcher.cancel()
-    stored, last_change, last = 0, time.time(), -1
-    while stored < sent and time.time() - last_change < 30:
-        stored = await stored_messages(bus) - before
-        if stored != last:
-            last, last_change = stored, time.time()
+    count, last_change, last = 0, time.time(), -1
+    while count < expected and time.time() - last_change < 30:
+        count = await stored()
+        if count != last:
+            last, last_change = count, time.time()
         await asyncio.sleep(0.1)
     cpu = {k: cpu_seconds(pid) - cpu0[k] for k, pid in pids.items()}
     steady = [(t, n) for t, n in samples if first + WARMUP_S <= t <= published_at]
-    # The least-squares slope: the count moves in steps of one insert (about a
-    # second of data), so two end points would be off by up to one insert.
     try:
         rate = statistics.linear_regression([t for t, _ in steady],
-                                            [n for _, n in steady]).slope * GPUS_PER_NODE
+                                            [n for _, n in steady]).slope
     except statistics.StatisticsError:  # fewer than two samples in the window
         rate = float("nan")
-    lag = (await lens(bus, "ingest_lag_between", since_ms=int(first * 1000),
-                      until_ms=int((first + seconds) * 1000)))[0]
-    return {"seconds": seconds, "messages_published": sent,
-            "messages_stored": stored, "offered_gpu_rows_per_s": nodes * GPUS_PER_NODE,
-            "stored_gpu_rows_per_s": round(rate), "drained_s": round(last_change - published_at, 3),
-            "lag_p50_s": lag["p50_s"], "lag_p99_s": lag["p99_s"], "lag_max_s": lag["max_s"],
-            **{f"cpu_us_per_gpu_row_{k}": round(1e6 * v / max(1, stored * GPUS_PER_NODE), 3)
-               for k, v in cpu.items()}}
+    return Offered(count, rate, round(last_change - published_at, 3), cpu)
+
+
+async def wait_answering(bus: Bus) -> None:
+    """Until the collector answers queries (its store is migrated)."""
+    for _ in range(600):
+        try:
+            await lens(bus, "table_counts")
+            return
+        except Exception:
+            await asyncio.sleep(0.2)
+
+
+def stop_collector(proc: subprocess.Popen[bytes]) -> None:
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
 
 
 async def pipeline(gpus: int, seconds: int, steps: int, step_seconds: int, step_factor: float,
@@ -313,12 +359,7 @@ async def pipeline(gpus: int, seconds: int, steps: int, step_seconds: int, step_
     bus = await Bus.connect(server.url, "bench")
     try:
         await bus.ensure_topology()
-        for _ in range(600):  # the collector answers once its store is migrated
-            try:
-                await lens(bus, "table_counts")
-                break
-            except Exception:
-                await asyncio.sleep(0.2)
+        await wait_answering(bus)
         assert server.proc is not None
         pids = {"collector": collector.pid, "nats_server": server.proc.pid,
                 "publisher": os.getpid()}
@@ -349,11 +390,7 @@ async def pipeline(gpus: int, seconds: int, steps: int, step_seconds: int, step_
         }
     finally:
         await bus.close()
-        collector.send_signal(signal.SIGTERM)
-        try:
-            collector.wait(30)
-        except subprocess.TimeoutExpired:
-            collector.kill()
+        stop_collector(collector)
         server.stop()
 
 

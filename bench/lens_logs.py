@@ -40,9 +40,6 @@ import asyncio
 import json
 import os
 import re
-import signal
-import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -52,7 +49,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.lens_ingest import cpu_seconds, lens, start_collector  # noqa: E402
+from bench.lens_ingest import (  # noqa: E402
+    lens,
+    offer,
+    start_collector,
+    stop_collector,
+    wait_answering,
+)
 from libs.bus import Bus  # noqa: E402
 from libs.embedded import NatsServer  # noqa: E402
 from libs.events import (  # noqa: E402
@@ -67,7 +70,6 @@ from libs.natsfast import FastPublisher  # noqa: E402
 
 FIXTURES = ROOT / "tests" / "lens" / "fixtures" / "framework_logs"
 SLICES = 10  # publish bursts per second
-WARMUP_S = 3.0
 NOISE = [
     "[rank{r}]:[W1203 09:58:11.120000 {r} torch/distributed/c10d/ProcessGroupNCCL.cpp:4561] "
     "[PG ID 0 PG GUID 0 Rank {r}] using GPU {r} to perform barrier as devices used by this "
@@ -143,18 +145,6 @@ def plan(job: str, ranks: int, lines: list[str], batch: int, rate: int, seconds:
     return out
 
 
-async def publish(url: str, bursts: list[tuple[float, bytes]]) -> None:
-    out = FastPublisher(url, name="bench-workers")
-    await out.start()
-    try:
-        for due, frames in bursts:
-            await asyncio.sleep(max(0.0, due - time.time()))
-            out.write(frames)
-            await out.flush()
-    finally:
-        await out.stop()
-
-
 async def health(bus: Bus) -> dict[str, object]:
     try:
         return await bus.request("safe.health.lens-collector", timeout_s=10)
@@ -179,44 +169,24 @@ async def phase(bus: Bus, url: str, name: str, job: str, fmt: str, rate: int, se
     sent = sent_batches * args.batch
     before = await stored_batches(bus)
     parsed0 = int((await health(bus)).get("parsed_lines", 0))  # type: ignore[call-overload]
-    cpu0 = {k: cpu_seconds(pid) for k, pid in pids.items()}
-    samples: list[tuple[float, int]] = []
 
-    async def watch() -> None:
-        while True:
-            samples.append((time.time(), (await stored_batches(bus) - before) * args.batch))
-            await asyncio.sleep(0.25)
+    async def stored_lines() -> int:
+        return (await stored_batches(bus) - before) * args.batch
 
-    watcher = asyncio.create_task(watch())
-    await publish(url, bursts)
-    published_at = time.time()
-    await asyncio.sleep(0.5)
-    watcher.cancel()
-    stored, last_change, last = 0, time.time(), -1
-    while stored < sent and time.time() - last_change < 30:
-        stored = (await stored_batches(bus) - before) * args.batch
-        if stored != last:
-            last, last_change = stored, time.time()
-        await asyncio.sleep(0.1)
-    cpu = {k: cpu_seconds(pid) - cpu0[k] for k, pid in pids.items()}
-    steady = [(t, n) for t, n in samples if first + WARMUP_S <= t <= published_at]
-    try:
-        stored_rate = statistics.linear_regression([t for t, _ in steady],
-                                                   [n for _, n in steady]).slope
-    except statistics.StatisticsError:
-        stored_rate = float("nan")
+    done = await offer(url, bursts, stored_lines, sent, first, pids, publisher="bench-workers")
+    del bursts
     lag = (await lens(bus, "log_lag_between", since_ms=int(first * 1000),
                       until_ms=int((first + seconds + 1) * 1000)))[0]
     parsed = int((await health(bus)).get("parsed_lines", 0)) - parsed0  # type: ignore[call-overload]
     return {"phase": name, "log_format": fmt, "seconds": seconds,
             "offered_lines_per_s": sent_batches * args.batch // seconds,
-            "lines_published": sent, "lines_stored": stored,
+            "lines_published": sent, "lines_stored": done.stored,
             "lines_in_table": lag["lines"], "lines_distinct": lag["distinct_lines"],
-            "stored_lines_per_s": round(stored_rate), "parsed_rows": parsed,
-            "drained_s": round(last_change - published_at, 3),
+            "stored_lines_per_s": round(done.rate), "parsed_rows": parsed,
+            "drained_s": done.drained_s,
             "lag_p50_s": lag["p50_s"], "lag_p99_s": lag["p99_s"], "lag_max_s": lag["max_s"],
-            **{f"cpu_us_per_line_{k}": round(1e6 * v / max(1, stored), 3)
-               for k, v in cpu.items()}}
+            **{f"cpu_us_per_line_{k}": round(1e6 * v / max(1, done.stored), 3)
+               for k, v in done.cpu.items()}}
 
 
 async def run(args: argparse.Namespace, tmp: Path) -> dict[str, object]:
@@ -226,12 +196,7 @@ async def run(args: argparse.Namespace, tmp: Path) -> dict[str, object]:
     bus = await Bus.connect(server.url, "bench")
     try:
         await bus.ensure_topology()
-        for _ in range(600):
-            try:
-                await lens(bus, "table_counts")
-                break
-            except Exception:
-                await asyncio.sleep(0.2)
+        await wait_answering(bus)
         assert server.proc is not None
         pids = {"collector": collector.pid, "nats_server": server.proc.pid,
                 "publisher": os.getpid()}
@@ -250,11 +215,7 @@ async def run(args: argparse.Namespace, tmp: Path) -> dict[str, object]:
                 "batch_lines": args.batch, "ranks": args.ranks, "cpus": os.cpu_count()}
     finally:
         await bus.close()
-        collector.send_signal(signal.SIGTERM)
-        try:
-            collector.wait(30)
-        except subprocess.TimeoutExpired:
-            collector.kill()
+        stop_collector(collector)
         server.stop()
 
 

@@ -28,6 +28,7 @@ from watchdog.events import FileSystemEvent, FileSystemEventHandler
 from watchdog.observers import Observer
 
 from libs.checkpoint_layouts import Found, discover, resume_step
+from libs.events import JobCheckpoint, JobCheckpointData
 from libs.logs import get_logger
 
 OnChange = Callable[[Found, int, datetime], Awaitable[None]]  # found, its step, saved at
@@ -117,6 +118,16 @@ class CheckpointWatch:
         if self._observer is not None:
             self._observer.stop()
             await asyncio.to_thread(self._observer.join, 5)
+
+
+def checkpoint_event(job: str, attempt: int, found: Found, step: int, saved_at: datetime, *,
+                     source: str, node: str | None = None) -> JobCheckpoint:
+    """The announcement of a checkpoint found; its id is the same whoever
+    finds it (the local driver, an agent, a restarted one): told once."""
+    return JobCheckpoint(
+        id=f"{job}-checkpoint-{found.layout}-{step}", source=source, job=job, node=node,
+        data=JobCheckpointData(attempt=attempt, iteration=step, path=found.path,
+                               layout=found.layout, saved_at=saved_at))
 
 
 def _newest_mtime(path: Path) -> datetime:

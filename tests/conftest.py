@@ -11,6 +11,7 @@ import os
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -85,3 +86,14 @@ def cli_env(tmp_path: Path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("PRIMUS_")}
     env["PRIMUS_STATE_DIR"] = str(tmp_path / "state")
     return env
+
+
+@pytest.fixture
+async def lens_collector(nats_url: str, clickhouse_dsn: str, database: str
+                         ) -> AsyncIterator[tuple[Any, Bus]]:
+    """lens-collector in this process, without its alert loop: (service, bus)."""
+    from tests.helpers import running_collector
+
+    async with running_collector(nats_url, clickhouse_dsn, database,
+                                 evaluate_alerts=False) as running:
+        yield running

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import shutil
@@ -10,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -119,3 +121,32 @@ def job_record(job: str, status: str, *nodes: str) -> bytes:
     return JobRecord(id=job, spec=spec, submitted_at=time.time(), status=status,  # type: ignore[arg-type]
                      slots=[WorkerSlot(rank=i, node=n, gpus=1) for i, n in enumerate(nodes)]
                      ).model_dump_json().encode()
+
+
+async def lens_rows(bus: Bus, query: str, **params: object) -> list[dict[str, Any]]:
+    """A named Lens query over the bus, as rows of column -> value."""
+    reply = await bus.request("safe.query.lens.query", {"query": query, "params": params},
+                              timeout_s=20)
+    assert reply["ok"], reply
+    return [dict(zip(reply["columns"], r, strict=True)) for r in reply["rows"]]
+
+
+@contextlib.asynccontextmanager
+async def running_collector(nats_url: str, clickhouse_dsn: str, database: str,
+                            **options: Any) -> AsyncIterator[tuple[Any, Bus]]:
+    """lens-collector in this process on its own connection: (service, bus)."""
+    from libs.settings import Settings
+    from services.lens_collector.app import LensCollector
+
+    bus = await Bus.connect(nats_url, "lens-collector")
+    await bus.ensure_topology()
+    service = LensCollector(Settings(nats_url=nats_url, clickhouse_dsn=clickhouse_dsn,
+                                     clickhouse_database=database),
+                            **{"fill_s": 0.05, **options})
+    await service.start(bus)
+    try:
+        yield service, bus
+    finally:
+        await bus.stop_consuming()
+        await service.stop()
+        await bus.close()

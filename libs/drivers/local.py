@@ -33,12 +33,11 @@ from datetime import datetime
 from pathlib import Path
 
 from libs.checkpoint_layouts import Found, discover, resume_step
-from libs.checkpoint_watch import CheckpointWatch
+from libs.checkpoint_watch import CheckpointWatch, checkpoint_event
 from libs.drivers.base import EventSink, NodeWorkers
 from libs.drivers.local_worker import write_atomic, write_exit
 from libs.events import (
     JobCheckpoint,
-    JobCheckpointData,
     JobSpec,
     WorkerExited,
     WorkerExitedData,
@@ -306,11 +305,8 @@ class LocalDriver:
             return
 
         async def tell(found: Found, step: int, saved_at: datetime) -> None:
-            await self._emit(JobCheckpoint(
-                id=f"{job}-checkpoint-{found.layout}-{step}", source=self.source, job=job,
-                data=JobCheckpointData(attempt=self._watch_attempt.get(job, attempt),
-                                       iteration=step, path=found.path, layout=found.layout,
-                                       saved_at=saved_at)))
+            await self._emit(checkpoint_event(job, self._watch_attempt.get(job, attempt), found,
+                                              step, saved_at, source=self.source))
 
         watch = CheckpointWatch(self._checkpoints(job), tell, world_size=world)
         self._watches[job] = watch

@@ -20,9 +20,9 @@ from datetime import datetime
 from pathlib import Path
 
 from libs.checkpoint_layouts import Found
-from libs.checkpoint_watch import CheckpointWatch
+from libs.checkpoint_watch import CheckpointWatch, checkpoint_event
 from libs.drivers.k8s_manifests import checkpoint_subpath
-from libs.events import JobCheckpoint, JobCheckpointData
+from libs.events import JobCheckpoint
 from libs.logs import get_logger
 
 POLL_S = 60.0
@@ -56,11 +56,9 @@ class CheckpointWatches:
 
     def _teller(self, job: str) -> Callable[[Found, int, datetime], Awaitable[None]]:
         async def tell(found: Found, step: int, saved_at: datetime) -> None:
-            await self.publish(JobCheckpoint(
-                id=f"{job}-checkpoint-{found.layout}-{step}", source=f"bench-agent/{self.node}",
-                job=job, node=self.node, data=JobCheckpointData(
-                    attempt=self.attempts.get(job, 1), iteration=step, path=found.path,
-                    layout=found.layout, saved_at=saved_at)))
+            await self.publish(checkpoint_event(job, self.attempts.get(job, 1), found, step,
+                                                saved_at, source=f"bench-agent/{self.node}",
+                                                node=self.node))
             self.announced += 1
             self._log.info("checkpoint found", job=job, step=step, layout=found.layout)
         return tell

@@ -75,8 +75,8 @@ from services.failover.faults import (
     FailoverRules,
     Fault,
     FaultBook,
-    FaultRule,
     classify_exit,
+    infra_rule,
 )
 from services.failover.routes import ROUTES
 from services.failover.rules import HeartbeatMonitor, MissedHeartbeat
@@ -84,17 +84,6 @@ from services.failover.rules import HeartbeatMonitor, MissedHeartbeat
 SOURCE = "failover"
 WORKERS_ASK_S = 2.0  # how long to wait for the driver's word on a silent node
 SUSPECT_RECHECK_S = 2.0  # how often a silent node whose workers ran is asked again
-
-
-def infra_rule(kind: str, event: LensAlert) -> FaultRule | None:
-    """A Lens log rule of class infra (an RCCL timeout, an RDMA error, a
-    GPU hardware error) is a fault source without configuration: about its
-    job (restart it from its checkpoint) or, for a node-scoped rule, its
-    node (take it out, move its jobs). A user-class one (a traceback, an
-    out-of-memory) is the job's own: the scheduler's retry rule handles it."""
-    if event.data.fault_class != "infra":
-        return None
-    return FaultRule(kind=kind, scope="job" if event.job else "node")
 
 
 def load_rules(path: Path | None) -> FailoverRules:
@@ -262,7 +251,7 @@ class Failover:
             jobs=[event.job] if event.job else self._jobs_on(key),
             # A sender's clock ahead of ours must not date detection in the future.
             last_good=min(event.data.opened_at.timestamp(), now),
-            default=infra_rule(kind, event)))
+            default=infra_rule(kind, event.data.fault_class, about_job=event.job is not None)))
 
     async def on_job_steps(self, batch: list[tuple[JobTelemetry, int]]) -> None:
         now = time.time()

@@ -75,6 +75,18 @@ DEFAULT_RULES: tuple[FaultRule, ...] = (
 )
 
 
+def infra_rule(kind: str, fault_class: str | None, *, about_job: bool) -> FaultRule | None:
+    """The rule for a Lens log alert the configuration does not name. One of
+    class infra (an RCCL timeout, an RDMA error, a GPU hardware error) is a
+    fault source: about its job (restart it from its checkpoint) or, for a
+    node-scoped rule, its node (take it out, move its jobs). A user-class
+    one (a traceback, an out-of-memory) is the job's own: the scheduler's
+    retry rule handles it, and there is no rule."""
+    if fault_class != "infra":
+        return None
+    return FaultRule(kind=kind, scope="job" if about_job else "node")
+
+
 def classify_exit(code: int, infra_codes: list[int]) -> Literal["ok", "infra", "user"]:
     """A worker's exit: clean, killed by the infrastructure, or the job's own error."""
     if code == 0:

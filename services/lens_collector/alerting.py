@@ -30,6 +30,7 @@ from libs.events import LensAlert, LensAlertData
 from libs.logs import get_logger
 from services.lens_collector.alerts import AlertEngine, GpuReading, JobReading, Transition
 from services.lens_collector.log_alerts import LogAlerts, LogLine
+from services.lens_collector.worker_logs_schema import counted_once
 
 Query = Callable[[str, dict[str, Any]], Awaitable[list[tuple[Any, ...]]]]
 Publish = Callable[[LensAlert], Awaitable[Any]]
@@ -49,9 +50,7 @@ JOB_SQL = f"""SELECT job, max(iteration), countIf(isNaN(loss) OR isInfinite(loss
        countIf(isFinite(loss)), avgIf(throughput, checkpoint_path IS NULL),
        toUnixTimestamp64Milli(maxIf(time, checkpoint_path IS NOT NULL)),
        toUnixTimestamp64Milli(max(time))
-FROM {{db}}.job_metrics WHERE {_WINDOW}
-  AND (job, origin) IN (SELECT job, if(countIf(origin = 'sdk') > 0, 'sdk', 'log')
-                        FROM {{db}}.job_metrics WHERE {_WINDOW} GROUP BY job)
+FROM {{db}}.job_metrics WHERE {_WINDOW} AND {counted_once(_WINDOW)}
 GROUP BY job"""
 # Workers' lines stored since the last window that any log rule's pattern
 # matches (the engine filters; the rules' state machine counts). By insert

@@ -66,10 +66,16 @@ WORKER_LOGS_MIGRATION: tuple[str, ...] = (
         ADD COLUMN IF NOT EXISTS nan_iterations Nullable(UInt64)""",
 )
 
-# Where a job's rows come from: the SDK's when it sent any, else the parsed
-# ones (``{job:String}`` is the query's job parameter).
-PREFERRED_ORIGIN = """origin = (SELECT if(countIf(origin = 'sdk') > 0, 'sdk', 'log')
-                      FROM {db}.job_metrics WHERE job = {job:String})"""
+def counted_once(where: str) -> str:
+    """The condition that keeps, of each job's ``job_metrics`` rows that
+    ``where`` selects, those of one origin: the SDK's when it sent any, else
+    the ones parsed from the job's output (the rule "the SDK wins")."""
+    return (f"(job, origin) IN (SELECT job, if(countIf(origin = 'sdk') > 0, 'sdk', 'log') "
+            f"FROM {{db}}.job_metrics WHERE {where} GROUP BY job)")
+
+
+# One job's rows, counted once (``{job:String}``: the query's job parameter).
+PREFERRED_ORIGIN = counted_once("job = {job:String}")
 
 
 def logs_ttl(days: int) -> str:

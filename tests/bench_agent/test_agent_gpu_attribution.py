@@ -7,6 +7,7 @@ and ``lens gpu-hours`` show them. Real nats-server, real chDB engine."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import time
@@ -33,9 +34,9 @@ from libs.settings import Settings
 from libs.store import open_store
 from services.bench.agent import BenchAgent
 from services.bench.node_sampler import GpuSource
-from services.lens_collector.app import LensCollector
 from services.lens_collector.rollups import backfill
-from tests.helpers import run_cli, until
+from tests.helpers import lens_rows as lens
+from tests.helpers import run_cli, running_collector, until
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -62,13 +63,6 @@ def spec(workspace: str, workers: int, gpus: int) -> JobSpec:
                    workspace=workspace)
 
 
-async def lens(bus: Bus, query: str, **params: object) -> list[dict[str, Any]]:
-    reply = await bus.request("safe.query.lens.query", {"query": query, "params": params},
-                              timeout_s=20)
-    assert reply["ok"], reply
-    return [dict(zip(reply["columns"], r, strict=True)) for r in reply["rows"]]
-
-
 async def test_gpu_rows_carry_the_job_using_them(nats_url: str, bus: Bus, clickhouse_dsn: str,
                                                  database: str, tmp_path: Path) -> None:
     # Running before the agent starts: only the jobs bucket tells it.
@@ -80,10 +74,8 @@ async def test_gpu_rows_carry_the_job_using_them(nats_url: str, bus: Bus, clickh
     for job, ws in (("train-1", "research"), ("infer-2", "serving")):
         await bus.publish(JobSubmitted(source="scheduler", job=job, data=JobSubmittedData(
             spec=spec(ws, 1, 2))))
-    collector_bus = await Bus.connect(nats_url, "lens-collector")
-    collector = LensCollector(Settings(nats_url=nats_url, clickhouse_dsn=clickhouse_dsn,
-                                       clickhouse_database=database), fill_s=0.05)
-    await collector.start(collector_bus)
+    collector = contextlib.AsyncExitStack()
+    await collector.enter_async_context(running_collector(nats_url, clickhouse_dsn, database))
     first = agent(nats_url, tmp_path)
     await first.start(bus)
     try:
@@ -166,6 +158,4 @@ async def test_gpu_rows_carry_the_job_using_them(nats_url: str, bus: Bus, clickh
                                       env=env)
         assert bad.returncode == 1 and "--since 'yesterday'" in bad.stderr
     finally:
-        await collector_bus.stop_consuming()
-        await collector.stop()
-        await collector_bus.close()
+        await collector.aclose()

@@ -24,8 +24,8 @@ from libs.settings import Settings
 from services.bench.agent import BenchAgent
 from services.bench.routes import AGENT
 from services.lens_collector.app import LensCollector
+from tests.helpers import lens_rows as lens
 from tests.helpers import until
-from tests.integration.test_worker_output import collector, lens  # noqa: F401  (a fixture)
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -56,8 +56,8 @@ def start_agent(tmp_path: Path, nats_url: str, root: Path) -> BenchAgent:
 
 
 async def test_pod_logs_reach_lens_with_their_worker_and_resume_after_a_restart(
-        tmp_path: Path, nats_url: str, collector: tuple[LensCollector, Bus]) -> None:  # noqa: F811
-    _, bus = collector
+        tmp_path: Path, nats_url: str, lens_collector: tuple[LensCollector, Bus]) -> None:
+    _, bus = lens_collector
     record = JobRecord(id=JOB, spec=JobSpec(name="t", workers=2, command=["train"]),
                        submitted_at=time.time(), status="running", attempt=3,
                        started_at=time.time(),

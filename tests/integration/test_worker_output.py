@@ -11,7 +11,6 @@ import asyncio
 import json
 import sys
 import time
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -22,9 +21,9 @@ from libs.drivers.local import LocalDriver
 from libs.drivers.local_worker import main as supervise
 from libs.events import Event, JobSpec, WorkerExited, WorkerSlot
 from libs.log_shipper import LogLimits
-from libs.settings import Settings
 from services.lens_collector.app import LensCollector
-from tests.helpers import run_cli
+from tests.helpers import lens_rows as lens
+from tests.helpers import run_cli, running_collector, until
 
 LINE = (" [2026-12-01 12:00:00] iteration {it:8d}/     100 | consumed samples: {s:8d} | "
         "elapsed time per iteration (ms): 250.0 | learning rate: 1.000000E-04 | "
@@ -41,43 +40,10 @@ for it in range(1, 6):
 """
 
 
-async def until(fn, what: str, timeout: float = 30.0) -> Any:  # type: ignore[no-untyped-def]
-    deadline = asyncio.get_running_loop().time() + timeout
-    while True:
-        result = await fn()
-        if result:
-            return result
-        assert asyncio.get_running_loop().time() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.2)
-
-
-@pytest.fixture
-async def collector(nats_url: str, clickhouse_dsn: str, database: str
-                    ) -> AsyncIterator[tuple[LensCollector, Bus]]:
-    bus = await Bus.connect(nats_url, "lens-collector")
-    await bus.ensure_topology()
-    settings = Settings(nats_url=nats_url, clickhouse_dsn=clickhouse_dsn,
-                        clickhouse_database=database)
-    service = LensCollector(settings, evaluate_alerts=False, fill_s=0.05)
-    await service.start(bus)
-    try:
-        yield service, bus
-    finally:
-        await bus.stop_consuming()
-        await service.stop()
-
-
-async def lens(bus: Bus, query: str, **params: object) -> list[dict[str, Any]]:
-    reply = await bus.request("safe.query.lens.query", {"query": query, "params": params},
-                              timeout_s=20)
-    assert reply["ok"], reply
-    return [dict(zip(reply["columns"], r, strict=True)) for r in reply["rows"]]
-
-
 async def test_output_of_every_rank_reaches_lens_and_the_cli(
-        tmp_path: Path, nats_url: str, collector: tuple[LensCollector, Bus],
+        tmp_path: Path, nats_url: str, lens_collector: tuple[LensCollector, Bus],
         cli_env: dict[str, str]) -> None:
-    _, bus = collector
+    _, bus = lens_collector
     events: list[Event] = []
 
     async def sink(event: Event) -> None:
@@ -118,8 +84,8 @@ async def test_output_of_every_rank_reaches_lens_and_the_cli(
 
 
 async def test_a_flood_is_cut_down_counted_and_never_slows_the_worker(
-        tmp_path: Path, nats_url: str, collector: tuple[LensCollector, Bus]) -> None:
-    _, bus = collector
+        tmp_path: Path, nats_url: str, lens_collector: tuple[LensCollector, Bus]) -> None:
+    _, bus = lens_collector
     events: list[Event] = []
 
     async def sink(event: Event) -> None:
@@ -163,10 +129,8 @@ def test_the_supervisor_without_a_bus_still_writes_the_file(tmp_path: Path,
     assert (tmp_path / "exit").read_text() == "0\n"
 
 
-def _exits(events: list[Event], n: int) -> Any:
-    async def check() -> bool:
-        return sum(isinstance(e, WorkerExited) for e in events) >= n
-    return check()
+async def _exits(events: list[Event], n: int) -> bool:
+    return sum(isinstance(e, WorkerExited) for e in events) >= n
 
 
 async def _lines(bus: Bus, job: str, n: int) -> list[dict[str, Any]] | None:
@@ -192,8 +156,6 @@ async def test_lines_survive_a_collector_restart_and_follow_shows_new_ones(
     from libs.log_shipper import Batcher
     from tests.helpers import ROOT
 
-    settings = Settings(nats_url=nats_url, clickhouse_dsn=clickhouse_dsn,
-                        clickhouse_database=database)
     batcher = Batcher.for_worker("steady", 1, 0, "a", 1, LogLimits(batch_lines=10))
 
     async def publish(bus: Bus, first: int, n: int) -> None:
@@ -202,43 +164,33 @@ async def test_lines_survive_a_collector_restart_and_follow_shows_new_ones(
                 time.time(), flush=True):
             await bus.publish(event)
 
-    async def start() -> tuple[LensCollector, Bus]:
-        bus = await Bus.connect(nats_url, "lens-collector")
-        await bus.ensure_topology()
-        service = LensCollector(settings, evaluate_alerts=False, fill_s=0.05)
-        await service.start(bus)
-        return service, bus
+    def collector() -> Any:
+        return running_collector(nats_url, clickhouse_dsn, database, evaluate_alerts=False)
 
-    async def stop(service: LensCollector, bus: Bus) -> None:
-        await bus.stop_consuming()
-        await service.stop()
-        await bus.close()
-
-    service, bus = await start()
-    await publish(bus, 0, 30)
-    await until(lambda: _lines(bus, "steady", 30), "the first lines")
-    await stop(service, bus)
+    async with collector() as (_, bus):
+        await publish(bus, 0, 30)
+        await until(lambda: _lines(bus, "steady", 30), "the first lines", timeout=30)
     writer = await Bus.connect(nats_url, "workers")
-    await publish(writer, 30, 30)  # while no collector runs: JetStream keeps them
-    service, bus = await start()
     try:
-        rows = await until(lambda: _lines(bus, "steady", 60), "every line after the restart")
-        assert [r["seq"] for r in rows] == list(range(60))  # each once, in order
-        env = {**cli_env, "PRIMUS_NATS_URL": nats_url}
-        follow = subprocess.Popen([sys.executable, "-m", "cli.main", "logs", "steady", "-f",
-                                   "--tail", "1"], env=env, cwd=ROOT, stdout=subprocess.PIPE,
-                                  stderr=subprocess.PIPE, text=True)
-        try:
-            first = await asyncio.to_thread(follow.stdout.readline)  # type: ignore[union-attr]
-            assert first.rstrip().endswith("line 59")
-            await publish(writer, 60, 2)
-            new = [await asyncio.to_thread(follow.stdout.readline)  # type: ignore[union-attr]
-                   for _ in range(2)]
-            assert [x.rstrip().rsplit(" ", 2)[-2:] for x in new] == [["line", "60"],
-                                                                      ["line", "61"]]
-        finally:
-            follow.terminate()
-            follow.wait(10)
+        await publish(writer, 30, 30)  # while no collector runs: JetStream keeps them
+        async with collector() as (_, bus):
+            rows = await until(lambda: _lines(bus, "steady", 60),
+                               "every line after the restart", timeout=30)
+            assert [r["seq"] for r in rows] == list(range(60))  # each once, in order
+            env = {**cli_env, "PRIMUS_NATS_URL": nats_url}
+            follow = subprocess.Popen([sys.executable, "-m", "cli.main", "logs", "steady", "-f",
+                                       "--tail", "1"], env=env, cwd=ROOT,
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            try:
+                first = await asyncio.to_thread(follow.stdout.readline)  # type: ignore[union-attr]
+                assert first.rstrip().endswith("line 59")
+                await publish(writer, 60, 2)
+                new = [await asyncio.to_thread(follow.stdout.readline)  # type: ignore[union-attr]
+                       for _ in range(2)]
+                assert [x.rstrip().rsplit(" ", 2)[-2:] for x in new] == [["line", "60"],
+                                                                          ["line", "61"]]
+            finally:
+                follow.terminate()
+                follow.wait(10)
     finally:
         await writer.close()
-        await stop(service, bus)

@@ -26,7 +26,7 @@ from libs.events import (
     WorkerSlot,
     encode_event,
 )
-from libs.store import migrate, open_store
+from libs.store import migrate
 from services.lens_collector.ingest import ROUTES, SETTINGS, Item, store
 from services.lens_collector.queries import resolve
 from services.lens_collector.rollups import backfill
@@ -36,17 +36,6 @@ from tests.lens.lens_seed import node_event
 
 NODE_ROUTE = ROUTES[0]
 BEFORE_9 = tuple(m for m in MIGRATIONS if m.version < 9)
-
-
-@pytest.fixture(scope="module")
-def client(clickhouse_dsn: str):  # type: ignore[no-untyped-def]
-    return open_store(clickhouse_dsn)
-
-
-@pytest.fixture
-def db(client, database: str) -> str:  # type: ignore[no-untyped-def]
-    migrate(client, database, MIGRATIONS)
-    return database
 
 
 def gpu_rows(client, db: str) -> list[tuple[Any, ...]]:  # type: ignore[no-untyped-def]

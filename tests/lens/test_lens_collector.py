@@ -30,45 +30,20 @@ from libs.events import (
 from libs.settings import Settings
 from services.lens_collector.alerts import AlertConfig, ThresholdRule
 from services.lens_collector.app import LensCollector
-from tests.helpers import run_cli
+from tests.helpers import lens_rows as lens
+from tests.helpers import run_cli, running_collector, until
 from tests.lens.lens_seed import node_event
 
 HOT = AlertConfig(gpu_temp_c=ThresholdRule(above=65, clear_below=60), job_hang_s=3600,
                   checkpoint_max_age_s=3600, node_down_s=3600)
 
 
-async def until(fn, what: str, timeout: float = 30.0) -> Any:  # type: ignore[no-untyped-def]
-    deadline = asyncio.get_running_loop().time() + timeout
-    while True:
-        result = await fn()
-        if result:
-            return result
-        assert asyncio.get_running_loop().time() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.2)
-
-
-async def lens(bus: Bus, query: str, **params: object) -> list[dict[str, Any]]:
-    reply = await bus.request("safe.query.lens.query", {"query": query, "params": params},
-                              timeout_s=20)
-    assert reply["ok"], reply
-    return [dict(zip(reply["columns"], r, strict=True)) for r in reply["rows"]]
-
-
 @pytest.fixture
 async def collector(nats_url: str, clickhouse_dsn: str, database: str
                     ) -> AsyncIterator[tuple[LensCollector, Bus]]:
-    bus = await Bus.connect(nats_url, "lens-collector")
-    await bus.ensure_topology()
-    settings = Settings(nats_url=nats_url, clickhouse_dsn=clickhouse_dsn,
-                        clickhouse_database=database)
-    service = LensCollector(settings, alerts=HOT, alert_interval_s=0.5, fill_s=0.05)
-    await service.start(bus)
-    try:
-        yield service, bus
-    finally:
-        await bus.stop_consuming()
-        await service.stop()
-        await bus.close()
+    async with running_collector(nats_url, clickhouse_dsn, database, alerts=HOT,
+                                 alert_interval_s=0.5) as running:
+        yield running
 
 
 async def test_telemetry_events_logs_and_alerts_end_to_end(

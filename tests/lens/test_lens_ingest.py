@@ -23,7 +23,7 @@ from libs.events import (
     NodeTelemetry,
     encode_event,
 )
-from libs.store import migrate, open_store
+from libs.store import migrate
 from services.lens_collector.ingest import ROUTES, Item, store
 from services.lens_collector.rollups import backfill
 from services.lens_collector.rows import COLUMNS, rows_for
@@ -31,17 +31,6 @@ from services.lens_collector.schema import MIGRATIONS
 from tests.lens.lens_seed import node_event
 
 NODE, JOB, LOG, _OUTPUT = ROUTES
-
-
-@pytest.fixture(scope="module")
-def client(clickhouse_dsn: str):  # type: ignore[no-untyped-def]
-    return open_store(clickhouse_dsn)
-
-
-@pytest.fixture
-def db(client, database: str) -> str:  # type: ignore[no-untyped-def]
-    migrate(client, database, MIGRATIONS)
-    return database
 
 
 def v1_json(event: NodeTelemetry, **update: Any) -> dict[str, Any]:

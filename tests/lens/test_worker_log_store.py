@@ -15,11 +15,9 @@ import pytest
 
 from libs.events import JobTelemetry, JobTelemetryData, encode_event
 from libs.log_shipper import Batcher, LogLimits
-from libs.store import migrate, open_store
 from services.lens_collector.ingest import ROUTES, Item, store
 from services.lens_collector.log_telemetry import COLUMNS, JobFormat, LogTelemetry
 from services.lens_collector.queries import resolve
-from services.lens_collector.schema import MIGRATIONS
 
 OUTPUT = ROUTES[-1]
 T0 = datetime(2026, 12, 1, 12, 0, tzinfo=UTC).timestamp()
@@ -28,17 +26,6 @@ MEGATRON = (" [2026-12-01 12:00:0{i}] iteration        {it}/     100 | consumed 
             "{s} | elapsed time per iteration (ms): 1234.5 | learning rate: 3.000000E-04 | "
             "global batch size:    32 | lm loss: {loss} | loss scale: 1.0 | grad norm: 1.234 |"
             " number of skipped iterations:   0 | number of nan iterations:   0 |")
-
-
-@pytest.fixture(scope="module")
-def client(clickhouse_dsn: str):  # type: ignore[no-untyped-def]
-    return open_store(clickhouse_dsn)
-
-
-@pytest.fixture
-def db(client, database: str) -> str:  # type: ignore[no-untyped-def]
-    migrate(client, database, MIGRATIONS)
-    return database
 
 
 def batches(job: str, lines: list[tuple[bytes, str]], *, rank: int = 0, rate: int = 1 << 30,

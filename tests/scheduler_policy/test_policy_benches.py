@@ -80,12 +80,18 @@ def test_racks_are_synthesised_from_sorted_names(tmp_path: Path) -> None:
     assert nodes[0].name == "node-00" and nodes[5].ip == "10.0.1.2"
 
 
-def test_tiny_replay_runs_every_task_under_both_policies(tmp_path: Path) -> None:
+def _tiny_cluster(tmp_path: Path) -> tuple[list[Node], Path]:
+    """Two 8-GPU nodes and six tasks asking 31 GPUs within a minute."""
     nodes = [Node(f"n{i}", 8, "G2", rack="r0", ip=f"10.0.0.{i + 1}") for i in range(2)]
     pods = _write(tmp_path / "x_pod_list_default.csv", POD_HEADER, [
         [f"p{k}", 1, 1, g, 1000, "", q, "Running", 10 * k, 10 * k + 300, 10 * k]
         for k, (g, q) in enumerate([(8, "BE"), (8, "BE"), (4, "LS"), (2, "Burstable"),
                                     (8, "LS"), (1, "BE")])])
+    return nodes, pods
+
+
+def test_tiny_replay_runs_every_task_under_both_policies(tmp_path: Path) -> None:
+    nodes, pods = _tiny_cluster(tmp_path)
     tasks, _ = trace.load_tasks(pods, speedup=1, min_runtime_s=0)
     for policy in (True, False):
         m = trace.replay(nodes, tasks, policy=policy, cycle_s=10)
@@ -126,11 +132,7 @@ def test_best_fit_takes_the_tightest_node_that_holds_the_worker() -> None:
 
 
 def test_the_figures_that_separate_policies(tmp_path: Path) -> None:
-    nodes = [Node(f"n{i}", 8, "G2", rack="r0", ip=f"10.0.0.{i + 1}") for i in range(2)]
-    pods = _write(tmp_path / "x_pod_list_default.csv", POD_HEADER, [
-        [f"p{k}", 1, 1, g, 1000, "", q, "Running", 10 * k, 10 * k + 300, 10 * k]
-        for k, (g, q) in enumerate([(8, "BE"), (8, "BE"), (4, "LS"), (2, "Burstable"),
-                                    (8, "LS"), (1, "BE")])])
+    nodes, pods = _tiny_cluster(tmp_path)
     tasks, _ = trace.load_tasks(pods, speedup=1, min_runtime_s=0)
     loaded, _ = trace.load_tasks(pods, speedup=1, min_runtime_s=0, load=2)
     assert [t.arrival for t in loaded] == [t.arrival / 2 for t in tasks]
@@ -148,5 +150,9 @@ def test_the_figures_that_separate_policies(tmp_path: Path) -> None:
         assert fig["8gpu_tasks"] == 3 and fig["1gpu_tasks"] == 1 and fig["2-4gpu_tasks"] == 2
         # A task completes its run time (300 s) after it started.
         assert fig["1gpu_mean_jct_s"] == waits["p5"] + 300
-        assert 0 <= fig["reserved_idle_share"] <= fig["mean_reserved_free"] or \
-            fig["mean_reserved_free"] == 0
+        # Only the policy holds GPUs for a blocked head (an 8-GPU task here);
+        # as a share of all GPUs that is at most its share of the free ones.
+        if name == "policy":
+            assert 0 < fig["reserved_idle_share"] <= fig["mean_reserved_free"]
+        else:
+            assert fig["reserved_idle_share"] == fig["mean_reserved_free"] == 0

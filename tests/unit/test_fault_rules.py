@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from services.failover.faults import FailoverRules, FaultBook, FaultRule, classify_exit
+from services.failover.faults import FailoverRules, FaultBook, FaultRule, classify_exit, infra_rule
 
 
 def book(*rules: FaultRule) -> FaultBook:
@@ -118,3 +118,13 @@ def test_a_preempted_job_closes_its_faults_and_its_next_run_is_judged_afresh() -
     again = book.observe("alert:job_hang", "job-2", bad=True, now=40.0)
     assert [d.action for d in again] == ["open", "restart_job"]  # a new fault, not the old one
     assert again[0].fault.fault_id != hang.fault_id
+
+
+def test_an_unconfigured_log_alert_is_a_fault_only_when_infra() -> None:
+    job = infra_rule("alert:log_collective_timeout", "infra", about_job=True)
+    node = infra_rule("alert:log_rdma_error", "infra", about_job=False)
+    assert job is not None and (job.kind, job.scope, job.failover) == (
+        "alert:log_collective_timeout", "job", True)
+    assert node is not None and node.scope == "node"
+    assert infra_rule("alert:log_traceback", "user", about_job=True) is None
+    assert infra_rule("alert:job_hang", None, about_job=True) is None  # a metric rule

@@ -36,28 +36,35 @@ class FirstFit:
                     self.total_free -= gpus
 
     def decide(self, job: Job) -> tuple[Slot, ...] | None:
+        """Place ``job`` (and hold its GPUs) or None when it does not fit."""
         need = job.workers * job.gpus_per_worker
         if need > self.total_free:
             return None
+        chosen = self._choose(job)
+        if chosen is None:
+            return None
+        g = job.gpus_per_worker
+        for i in chosen:
+            self.free[i] -= g
+        self.total_free -= need
+        return tuple((self.names[i], g) for i in chosen)
+
+    def _choose(self, job: Job) -> list[int] | None:
+        """A node index per worker: the first nodes in name order (the loop
+        is the benchmarks' baseline speed: kept to local names)."""
         g = job.gpus_per_worker
         models = job.gpu_models
         chosen: list[int] = []
-        free = self.free
         left = job.workers
-        for i, f in enumerate(free):
+        for i, f in enumerate(self.free):
             if f < g or (models and self.models[i] not in models):
                 continue
             k = min(f // g, left)
             chosen.extend([i] * k)
             left -= k
             if left == 0:
-                break
-        if left:
-            return None
-        for i in chosen:
-            free[i] -= g
-        self.total_free -= need
-        return tuple((self.names[i], g) for i in chosen)
+                return chosen
+        return None
 
     def release(self, slots: Iterable[Slot]) -> None:
         for name, gpus in slots:
@@ -71,32 +78,24 @@ class BestFit(FirstFit):
     """FIFO, each worker on the ready node with the fewest free GPUs that
     still holds it (ties: name order)."""
 
-    def decide(self, job: Job) -> tuple[Slot, ...] | None:
-        need = job.workers * job.gpus_per_worker
-        if need > self.total_free:
-            return None
+    def _choose(self, job: Job) -> list[int] | None:
         g = job.gpus_per_worker
         models = job.gpu_models
-        free = self.free
         taken: dict[int, int] = {}
         for _ in range(job.workers):
-            best = -1
-            for i, f in enumerate(free):
+            best, best_left = -1, 0
+            for i, f in enumerate(self.free):
                 left = f - taken.get(i, 0) * g
                 if left < g or (models and self.models[i] not in models):
                     continue
-                if best < 0 or left < free[best] - taken.get(best, 0) * g:
-                    best = i
+                if best < 0 or left < best_left:
+                    best, best_left = i, left
                     if left == g:
                         break  # an exact fit: none is tighter
             if best < 0:
                 return None
             taken[best] = taken.get(best, 0) + 1
-        chosen = [i for i, k in sorted(taken.items()) for _ in range(k)]
-        for i in chosen:
-            free[i] -= g
-        self.total_free -= need
-        return tuple((self.names[i], g) for i in chosen)
+        return [i for i, k in sorted(taken.items()) for _ in range(k)]
 
 
 def fifo_first_fit(nodes: Sequence[Node], running: Iterable[Allocation],
