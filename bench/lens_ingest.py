@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -45,7 +46,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -351,9 +352,11 @@ def stop_collector(proc: subprocess.Popen[bytes]) -> None:
         proc.kill()
 
 
-async def pipeline(gpus: int, seconds: int, steps: int, step_seconds: int, step_factor: float,
-                   tmp: Path) -> dict[str, object]:
-    nodes = gpus // GPUS_PER_NODE
+@contextlib.asynccontextmanager
+async def collector_stack(tmp: Path) -> AsyncIterator[tuple[str, Bus, dict[str, int]]]:
+    """A nats-server and a lens-collector process answering queries, under
+    ``tmp``: (the server's URL, a bus connection, the pids whose CPU a phase
+    counts)."""
     server = NatsServer(tmp / "nats").start(tmp / "nats.log")
     collector = start_collector(server.url, tmp / "chdb", tmp / "collector.log")
     bus = await Bus.connect(server.url, "bench")
@@ -361,13 +364,23 @@ async def pipeline(gpus: int, seconds: int, steps: int, step_seconds: int, step_
         await bus.ensure_topology()
         await wait_answering(bus)
         assert server.proc is not None
-        pids = {"collector": collector.pid, "nats_server": server.proc.pid,
-                "publisher": os.getpid()}
+        yield server.url, bus, {"collector": collector.pid, "nats_server": server.proc.pid,
+                                "publisher": os.getpid()}
+    finally:
+        await bus.close()
+        stop_collector(collector)
+        server.stop()
+
+
+async def pipeline(gpus: int, seconds: int, steps: int, step_seconds: int, step_factor: float,
+                   tmp: Path) -> dict[str, object]:
+    nodes = gpus // GPUS_PER_NODE
+    async with collector_stack(tmp) as (url, bus, pids):
         load0 = os.getloadavg()[0]
-        target = await phase(bus, server.url, nodes, seconds, 0, pids)
+        target = await phase(bus, url, nodes, seconds, 0, pids)
         ramp = []
         for k in range(1, steps + 1):
-            ramp.append(await phase(bus, server.url, round(nodes * step_factor ** k),
+            ramp.append(await phase(bus, url, round(nodes * step_factor ** k),
                                     step_seconds, k, pids))
         counts = {r["table"]: r for r in await lens(bus, "table_counts")}
         health = await bus.request("safe.health.lens-collector", timeout_s=30)
@@ -388,10 +401,6 @@ async def pipeline(gpus: int, seconds: int, steps: int, step_seconds: int, step_
             "collector_insert_s": health.get("insert_s"),
             "collector_redelivered": health.get("redelivered"),
         }
-    finally:
-        await bus.close()
-        stop_collector(collector)
-        server.stop()
 
 
 def main() -> int:

@@ -49,15 +49,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.lens_ingest import (  # noqa: E402
-    lens,
-    offer,
-    start_collector,
-    stop_collector,
-    wait_answering,
-)
+from bench.lens_ingest import collector_stack, lens, offer  # noqa: E402
 from libs.bus import Bus  # noqa: E402
-from libs.embedded import NatsServer  # noqa: E402
 from libs.events import (  # noqa: E402
     JobSpec,
     JobSubmitted,
@@ -191,32 +184,19 @@ async def phase(bus: Bus, url: str, name: str, job: str, fmt: str, rate: int, se
 
 async def run(args: argparse.Namespace, tmp: Path) -> dict[str, object]:
     lines = sample_lines(args.noise)
-    server = NatsServer(tmp / "nats").start(tmp / "nats.log")
-    collector = start_collector(server.url, tmp / "chdb", tmp / "collector.log")
-    bus = await Bus.connect(server.url, "bench")
-    try:
-        await bus.ensure_topology()
-        await wait_answering(bus)
-        assert server.proc is not None
-        pids = {"collector": collector.pid, "nats_server": server.proc.pid,
-                "publisher": os.getpid()}
+    async with collector_stack(tmp) as (url, bus, pids):
         phases = [
-            await phase(bus, server.url, "parsed", "bench-parsed", "auto", args.lines_per_s,
+            await phase(bus, url, "parsed", "bench-parsed", "auto", args.lines_per_s,
                         args.seconds, args, lines, pids),
-            await phase(bus, server.url, "stored only", "bench-raw", "none", args.lines_per_s,
+            await phase(bus, url, "stored only", "bench-raw", "none", args.lines_per_s,
                         args.seconds, args, lines, pids),
-            await phase(bus, server.url, "capacity", "bench-capacity", "auto",
+            await phase(bus, url, "capacity", "bench-capacity", "auto",
                         round(args.lines_per_s * args.capacity_factor), args.seconds, args,
                         lines, pids),
         ]
-        return {"phases": phases, "line_bytes_mean": round(
-                    sum(len(x) for x in lines) / len(lines), 1),
-                "framework_line_share": round(1 / (1 + args.noise), 4),
-                "batch_lines": args.batch, "ranks": args.ranks, "cpus": os.cpu_count()}
-    finally:
-        await bus.close()
-        stop_collector(collector)
-        server.stop()
+    return {"phases": phases, "line_bytes_mean": round(sum(len(x) for x in lines) / len(lines), 1),
+            "framework_line_share": round(1 / (1 + args.noise), 4),
+            "batch_lines": args.batch, "ranks": args.ranks, "cpus": os.cpu_count()}
 
 
 def main() -> int:
