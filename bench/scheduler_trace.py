@@ -37,6 +37,8 @@ import argparse
 import csv
 import heapq
 import json
+import multiprocessing
+import os
 import statistics
 import sys
 import time
@@ -58,6 +60,7 @@ from services.scheduler.policy import (  # noqa: E402
 from services.scheduler.policy.baseline import BestFit, FirstFit  # noqa: E402
 
 TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"
+RESULTS = Path(__file__).resolve().parent / "results"
 NODES_CSV = TRACES / "alibaba-gpu-v2023-openb_node_list_gpu_node.csv"
 PODS_CSV = TRACES / "alibaba-gpu-v2023-openb_pod_list_default.csv"
 QOS_PRIORITY = {"LS": "high", "Guaranteed": "medium", "Burstable": "medium", "BE": "low"}
@@ -268,12 +271,22 @@ def _mean_p99(values: list[float]) -> tuple[float, float]:
                                                           method="inclusive")[98]
 
 
-def summarise(m: Metrics, tasks: list[Task]) -> dict[str, Any]:
-    """Time-weighted means over the arrival window (first to last arrival):
-    after it the cluster only drains the trace's month-long tasks. The
-    contended window is the part of it with tasks queued: there a policy
-    shows what it does with GPUs that something is waiting for."""
-    window = tasks[-1].arrival if tasks else 0.0
+def scheduling_window(m: Metrics, tasks: list[Task]) -> float:
+    """From the first arrival until the last task has started (or the last
+    arrival, if later): the part of the replay in which a scheduler decides
+    anything. After it the cluster only drains the trace's month-long tasks."""
+    last_arrival = tasks[-1].arrival if tasks else 0.0
+    return max(last_arrival, max(m.started.values(), default=0.0))
+
+
+def summarise(m: Metrics, tasks: list[Task], window: float | None = None) -> dict[str, Any]:
+    """Time-weighted means over the scheduling window (``window``: its end;
+    by default this run's own, see ``scheduling_window``; runs compared
+    with each other share the latest). The contended window is the part of
+    it with tasks queued: there a policy shows what it does with GPUs that
+    something is waiting for."""
+    if window is None:
+        window = scheduling_window(m, tasks)
     span = [(min(b[0], window) - a[0], a) for a, b in zip(m.samples, m.samples[1:], strict=False)
             if a[0] < window]
     weight = sum(w for w, _ in span) or 1.0
@@ -316,6 +329,8 @@ def summarise(m: Metrics, tasks: list[Task]) -> dict[str, Any]:
 
 
 def plot(path: Path, runs: dict[str, Metrics], window: float) -> str:
+    """Allocation, stranded free GPUs and queue length over the scheduling
+    window (and a quarter beyond), one line per scheduler."""
     try:
         import matplotlib
 
@@ -342,6 +357,106 @@ def plot(path: Path, runs: dict[str, Metrics], window: float) -> str:
     return str(path)
 
 
+GOALS = {
+    "contended_allocation": "allocation while tasks queue >= the better baseline",
+    "high_mean_wait_s": "high-priority mean wait <= the better baseline",
+    "high_p99_wait_s": "high-priority p99 wait <= the better baseline",
+    "gpu_weighted_mean_wait_s": "GPU-weighted mean wait <= 1.1 x the better baseline",
+    "8gpu_mean_wait_s": "tasks of >= 8 GPUs: mean wait <= 1.25 x FIFO first-fit's",
+    "reserved_idle_share": "GPUs held idle for blocked jobs <= 2% of all",
+    "mean_stranded_free": "free GPUs stranded on partly used nodes < FIFO first-fit's",
+}
+
+
+def goals(pol: dict[str, Any], ff: dict[str, Any], bf: dict[str, Any]) -> dict[str, bool]:
+    """Issue 20's goals for one replay: figure -> met."""
+    def low(key: str) -> float:
+        return min(ff[key], bf[key])
+
+    return {
+        "contended_allocation": (pol["contended_allocation"] or 0.0)
+        >= max(ff["contended_allocation"] or 0.0, bf["contended_allocation"] or 0.0),
+        "high_mean_wait_s": pol.get("high_mean_wait_s", 0.0) <= low("high_mean_wait_s")
+        if "high_mean_wait_s" in ff else True,
+        "high_p99_wait_s": pol.get("high_p99_wait_s", 0.0) <= low("high_p99_wait_s")
+        if "high_p99_wait_s" in ff else True,
+        "gpu_weighted_mean_wait_s":
+            pol["gpu_weighted_mean_wait_s"] <= 1.1 * low("gpu_weighted_mean_wait_s"),
+        "8gpu_mean_wait_s": pol["8gpu_mean_wait_s"] <= 1.25 * ff["8gpu_mean_wait_s"],
+        "reserved_idle_share": pol["reserved_idle_share"] <= 0.02,
+        "mean_stranded_free": pol["mean_stranded_free"] < ff["mean_stranded_free"],
+    }
+
+
+def compare(nodes_csv: Path, pods_csv: Path, *, speedup: float, load: float,
+            node_fraction: float, rack_size: int, cycle_s: float, min_runtime_s: float,
+            plot_to: Path | None) -> dict[str, Any]:
+    """The policy and both baselines over one trace at one load: every
+    figure, its ratios to both baselines, and the goals met."""
+    nodes = load_nodes(nodes_csv, rack_size=rack_size, fraction=node_fraction)
+    tasks, skipped = load_tasks(pods_csv, speedup=speedup, min_runtime_s=min_runtime_s,
+                                load=load)
+    runs, wall = {}, {}
+    for name in SCHEDULERS:
+        t0 = time.perf_counter()
+        runs[name] = replay(nodes, tasks, policy=name, cycle_s=cycle_s)
+        wall[name] = time.perf_counter() - t0
+    window = max(scheduling_window(m, tasks) for m in runs.values())
+    figures = {name: summarise(m, tasks, window) for name, m in runs.items()}
+    pol, ff, bf = (figures[n] for n in SCHEDULERS)
+    where = plot(plot_to, runs, window) if plot_to is not None else "not drawn"
+    ratios = {key: {"first_fit": _ratio(value, ff.get(key)),
+                    "best_fit": _ratio(value, bf.get(key))}
+              for key, value in pol.items() if isinstance(value, float)}
+    return {
+        "trace": pods_csv.name.rsplit("_pod_list_", 1)[-1].removesuffix(".csv"),
+        "policy": _rounded(pol), "fifo_first_fit": _rounded(ff), "fifo_best_fit": _rounded(bf),
+        "ratios": ratios, "goals": goals(pol, ff, bf), "plot": where,
+        "replay_s": {k: round(v, 1) for k, v in wall.items()},
+        "nodes": len(nodes), "gpus": sum(n.gpus for n in nodes),
+        "racks": len({n.rack for n in nodes}),
+        "tasks": len(tasks), "skipped": skipped, "speedup": speedup, "load": load,
+        "node_fraction": node_fraction, "pods_csv": pods_csv.name}
+
+
+def _print_one(r: dict[str, Any]) -> None:
+    pol, ff, bf = r["policy"], r["fifo_first_fit"], r["fifo_best_fit"]
+    print(f"{r['pods_csv']}: {r['nodes']} nodes / {r['gpus']} GPUs in {r['racks']} racks; "
+          f"{r['tasks']} whole-GPU tasks (skipped {r['skipped']}); speedup {r['speedup']:g}x, "
+          f"load {r['load']:g}x")
+    print(f"  {'':28} {'policy':>12} {'first-fit':>12} {'best-fit':>12}")
+    for key in pol:
+        mark = "" if key not in r["goals"] else "  goal met" if r["goals"][key] else "  GOAL MISSED"
+        print(f"  {key:28} {_fmt(pol[key]):>12} {_fmt(ff.get(key, '')):>12} "
+              f"{_fmt(bf.get(key, '')):>12}{mark}")
+    print(f"plot: {r['plot']}; policy replay took {r['replay_s']['policy']:.1f}s")
+
+
+def _compare_star(kw: dict[str, Any]) -> dict[str, Any]:
+    return compare(**kw)
+
+
+def table(results: list[dict[str, Any]]) -> str:
+    """A Markdown table: per trace and load, policy / first-fit / best-fit."""
+    cols = [("contended allocation", "contended_allocation", "{:.3f}"),
+            ("high mean wait s", "high_mean_wait_s", "{:,.0f}"),
+            ("high p99 wait s", "high_p99_wait_s", "{:,.0f}"),
+            ("GPU-weighted wait s", "gpu_weighted_mean_wait_s", "{:,.0f}"),
+            (">=8-GPU mean wait s", "8gpu_mean_wait_s", "{:,.0f}"),
+            ("stranded free", "mean_stranded_free", "{:.3f}"),
+            ("reserved idle", "reserved_idle_share", "{:.4f}")]
+    out = ["| trace | load | " + " | ".join(c[0] for c in cols) + " |",
+           "|---|---|" + "---|" * len(cols)]
+    for r in results:
+        cells = []
+        for _, key, fmt in cols:
+            vals = [r[k].get(key) for k in ("policy", "fifo_first_fit", "fifo_best_fit")]
+            text = " / ".join("-" if v is None else fmt.format(v) for v in vals)
+            cells.append(text + ("" if r["goals"].get(key, True) else " ✗"))
+        out.append(f"| {r['trace']} | {r['load']:g} | " + " | ".join(cells) + " |")
+    return "\n".join(out) + "\n"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("nodes_csv", nargs="?", type=Path, default=NODES_CSV)
@@ -349,47 +464,58 @@ def main() -> None:
     parser.add_argument("--speedup", type=float, default=1000.0)
     parser.add_argument("--load", type=float, default=1.0,
                         help="arrivals this many times as fast (contention for most of the run)")
+    parser.add_argument("--all", action="store_true",
+                        help="every pod list next to PODS.csv at every --loads; writes "
+                             "bench/results/scheduler_trace.md and one plot per trace")
+    parser.add_argument("--loads", default="1,2,4", help="loads for --all (comma separated)")
+    parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
+                        help="replays run at once with --all")
     parser.add_argument("--node-fraction", type=float, default=0.25)
     parser.add_argument("--rack-size", type=int, default=32)
     parser.add_argument("--cycle-s", type=float, default=10.0)
     parser.add_argument("--min-runtime-s", type=float, default=600.0)
-    parser.add_argument("--plot", type=Path,
-                        default=Path(__file__).resolve().parent / "results" / "scheduler_trace.png")
+    parser.add_argument("--plot", type=Path, default=RESULTS / "scheduler_trace.png")
     args = parser.parse_args()
-    nodes = load_nodes(args.nodes_csv, rack_size=args.rack_size, fraction=args.node_fraction)
-    tasks, skipped = load_tasks(args.pods_csv, speedup=args.speedup,
-                                min_runtime_s=args.min_runtime_s, load=args.load)
-    runs, wall = {}, {}
-    for name in SCHEDULERS:
-        t0 = time.perf_counter()
-        runs[name] = replay(nodes, tasks, policy=name, cycle_s=args.cycle_s)
-        wall[name] = time.perf_counter() - t0
-    figures = {name: summarise(m, tasks) for name, m in runs.items()}
-    pol, ff, bf = (figures[n] for n in SCHEDULERS)
-    print(f"{len(nodes)} nodes / {sum(n.gpus for n in nodes)} GPUs in "
-          f"{len({n.rack for n in nodes})} racks; {len(tasks)} whole-GPU tasks "
-          f"(skipped {skipped}); speedup {args.speedup:g}x, load {args.load:g}x, "
-          f"cycle {args.cycle_s:g}s")
-    print(f"  {'':28} {'policy':>12} {'first-fit':>12} {'best-fit':>12}")
-    for key in pol:
-        print(f"  {key:28} {_fmt(pol[key]):>12} {_fmt(ff.get(key, '')):>12} "
-              f"{_fmt(bf.get(key, '')):>12}")
-    where = plot(args.plot, runs, pol["window_s"])
-    print(f"plot: {where}; policy replay took {wall['policy']:.1f}s")
-    ratios = {key: {"first_fit": _ratio(value, ff.get(key)),
-                    "best_fit": _ratio(value, bf.get(key))}
-              for key, value in pol.items() if isinstance(value, float)}
+    common = {"speedup": args.speedup, "node_fraction": args.node_fraction,
+              "rack_size": args.rack_size, "cycle_s": args.cycle_s,
+              "min_runtime_s": args.min_runtime_s}
+    if not args.all:
+        r = compare(args.nodes_csv, args.pods_csv, load=args.load, plot_to=args.plot, **common)
+        _print_one(r)
+        pol, ff, bf = r["policy"], r["fifo_first_fit"], r["fifo_best_fit"]
+        print(json.dumps({
+            "name": "scheduler_trace_contended_gpu_allocation",
+            "value": pol["contended_allocation"], "unit": "fraction",
+            "baseline": ff["contended_allocation"], "baseline_name": "FIFO first-fit",
+            "ratio": _ratio(pol["contended_allocation"], ff["contended_allocation"]),
+            "ratio_best_fit": _ratio(pol["contended_allocation"], bf["contended_allocation"]),
+            **r}))
+        return
+    pod_lists = sorted(args.pods_csv.parent.glob("*_pod_list_*.csv"))
+    loads = [float(x) for x in args.loads.split(",") if x.strip()]
+    work = [{"nodes_csv": args.nodes_csv, "pods_csv": pods, "load": load,
+             "plot_to": RESULTS / f"scheduler_trace_{_variant(pods)}.png" if load == loads[0]
+             else None, **common} for pods in pod_lists for load in loads]
+    with multiprocessing.Pool(max(1, min(args.jobs, len(work)))) as pool:
+        results = pool.map(_compare_star, work, chunksize=1)
+    for r in results:
+        _print_one(r)
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / "scheduler_trace.md").write_text(table(results))
+    met = sum(v for r in results for v in r["goals"].values())
+    total = sum(len(r["goals"]) for r in results)
+    missed = {f"{r['trace']}@{r['load']:g}": [k for k, v in r["goals"].items() if not v]
+              for r in results if not all(r["goals"].values())}
+    print(f"goals met: {met}/{total}; table: {RESULTS / 'scheduler_trace.md'}")
     print(json.dumps({
-        "name": "scheduler_trace_contended_gpu_allocation",
-        "value": _round(pol["contended_allocation"]), "unit": "fraction",
-        "baseline": _round(ff["contended_allocation"]), "baseline_name": "FIFO first-fit",
-        "ratio": _ratio(pol["contended_allocation"], ff["contended_allocation"]),
-        "ratio_best_fit": _ratio(pol["contended_allocation"], bf["contended_allocation"]),
-        "policy": _rounded(pol), "fifo_first_fit": _rounded(ff), "fifo_best_fit": _rounded(bf),
-        "ratios": ratios, "plot": where,
-        "nodes": len(nodes), "gpus": sum(n.gpus for n in nodes), "tasks": len(tasks),
-        "skipped": skipped, "speedup": args.speedup, "load": args.load,
-        "node_fraction": args.node_fraction, "pods_csv": args.pods_csv.name}))
+        "name": "scheduler_trace_goals_met", "value": met, "unit": "goals", "of": total,
+        "missed": missed,
+        "runs": [{k: r[k] for k in ("trace", "load", "goals", "ratios", "policy",
+                                    "fifo_first_fit", "fifo_best_fit")} for r in results]}))
+
+
+def _variant(pods: Path) -> str:
+    return pods.name.rsplit("_pod_list_", 1)[-1].removesuffix(".csv")
 
 
 def _ratio(value: Any, base: Any) -> float | None:

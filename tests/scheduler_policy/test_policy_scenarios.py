@@ -187,10 +187,27 @@ S.append(Scenario(
     workspaces=[Workspace("ws"), Workspace("other")], running=_other,
     config=SchedulerConfig(cross_workspace_preemption=True), preempted={("l", "h")}))
 S.append(Scenario(
-    "preemption frees workspace quota", rack("r1", 4), [job("h", prio="high")],
+    "preemption frees workspace quota", rack("r1", 4), [job("h", 2, prio="high")],
     workspaces=[Workspace("ws", quota_gpus=16)],
     running=[running(job("l", 2, prio="low"), ["r1-n0", "r1-n1"], started=0)],
     preempted={("l", "h")}))
+_gang = [running(job("gang", 1, 8, prio="low"), ["r1-n0"], started=0)]
+S.append(Scenario(
+    # Its GPUs would go to other small jobs, and the gang would wait for a
+    # whole node again (the Alibaba trace replay's 8-GPU waits doubled).
+    "a job never preempts a job larger than itself", rack("r1", 1), [job("h", 1, 1, prio="high")],
+    running=_gang, preempted=set(), pending_codes={"h": "capacity"}))
+S.append(Scenario(
+    "unless configured to", rack("r1", 1), [job("h", 1, 1, prio="high")], running=_gang,
+    config=SchedulerConfig(preempt_larger_jobs=True), preempted={("gang", "h")}))
+S.append(Scenario(
+    "a larger victim only when no smaller one will do", rack("r1", 2),
+    [job("h", 1, 1, prio="high")],
+    config=SchedulerConfig(preempt_larger_jobs=True),
+    running=[running(job("gang", 1, 8, prio="low"), ["r1-n0"], started=NOW - 10),
+             running(job("small", 1, 1, prio="low"), [("r1-n1", 1)], started=NOW - 5000),
+             running(job("fill", 1, 7, prio="high"), [("r1-n1", 7)], started=0)],
+    preempted={("small", "h")}))
 S.append(Scenario(
     "a job placed onto GPUs being released waits and evicts nobody else", rack("r1", 2),
     [job("h", prio="high")],
@@ -198,6 +215,56 @@ S.append(Scenario(
              running(job("stay", prio="low"), ["r1-n1"], started=0)],
     preempted=set(), pending_codes={"h": "waiting"}, nominated={"h": {"r1-n0"}},
     reasons={"h": "waiting for preempted going"}))
+
+# -- what the Alibaba trace replay found (bench/scheduler_trace.py) ---------------
+
+S.append(Scenario(
+    # Tightest-node packing put it on the 2-GPU T4 node, where the jobs pinned
+    # to T4 then had to wait; nothing is pinned to G2.
+    "a job that may run anywhere stays off the GPU model pinned jobs need",
+    rack("r1", 1, gpus=2, model="T4") + rack("r2", 1, model="G2"), [job("any", 1, 1)],
+    running=[running(job("t4", 1, 1, gpu_models={"T4"}), ["r1-n0"]),
+             running(job("g", 1, 6), ["r2-n0"])],
+    placed={"any": ["r2-n0"]}))
+S.append(Scenario(
+    # Tightest first puts "one" on n0 (2 free), then a 2-GPU job on n1 and
+    # the other 2-GPU job finds 1 + 1 free GPUs.
+    "a single worker leaves free GPUs that the queued shapes can use", rack("r1", 2),
+    [job("one", 1, 1, at=0), job("two", 1, 2, at=1), job("two-b", 1, 2, at=2)],
+    workspaces=BALANCE,
+    running=[running(job("x", 1, 6, prio="high"), ["r1-n0"]),
+             running(job("y", 1, 5, prio="high"), ["r1-n1"])],
+    placed={"one": ["r1-n1"], "two": ["r1-n0"], "two-b": ["r1-n1"]}))
+S.append(Scenario(
+    "tightest node when fragmentation-aware placement is off", rack("r1", 2),
+    [job("one", 1, 1, at=0), job("two", 1, 2, at=1), job("two-b", 1, 2, at=2)],
+    workspaces=BALANCE, config=SchedulerConfig(fragmentation_aware=False),
+    running=[running(job("x", 1, 6, prio="high"), ["r1-n0"]),
+             running(job("y", 1, 5, prio="high"), ["r1-n1"])],
+    placed={"one": ["r1-n0"], "two": ["r1-n1"]}, pending_codes={"two-b": "capacity"}))
+S.append(Scenario(
+    # The node with the most free GPUs holds a job that has run for a day;
+    # the other's job started a minute ago. Run times are heavy-tailed.
+    "a blocked head drains the node expected to empty soonest", rack("r1", 2),
+    [job("big", 1, 8)],
+    running=[running(job("old", 1, 2, prio="high"), ["r1-n0"], started=NOW - 86_400),
+             running(job("young", 1, 4, prio="high"), ["r1-n1"], started=NOW - 60)],
+    pending_codes={"big": "capacity"}, reserved={"big": {"r1-n1"}}))
+S.append(Scenario(
+    # Letting the high-priority job that can use any GPU take it would start
+    # the drain over, every time: the gang would never start.
+    "a drained node goes to the job it was drained for", rack("r1", 2),
+    [job("h", 1, 1, prio="high", at=0), job("big", 1, 8, at=0)], workspaces=BALANCE,
+    running=[running(job("busy", 1, 8, prio="high"), ["r1-n0"])],
+    carried={"big": ["r1-n1"]}, placed={"big": ["r1-n1"]}, pending_codes={"h": "capacity"}))
+S.append(Scenario(
+    "FIFO blocks only the jobs that compete for the blocked job's GPU models",
+    rack("r1", 1, model="MI250X") + rack("r2", 1),
+    [job("a", gpu_models={"MI300X"}, at=0), job("b", gpu_models={"MI250X"}, at=1),
+     job("c", at=2)],
+    running=[running(job("busy", prio="high"), ["r2-n0"])],
+    placed={"b": ["r1-n0"]}, pending_codes={"a": "capacity", "c": "fifo"},
+    reasons={"c": "behind a in the FIFO queue of workspace ws"}))
 
 # -- ordering, invalid jobs, positions -------------------------------------------------
 

@@ -9,11 +9,13 @@ commits only when every gang member fits (Volcano's statement). The cycle
 is pure: ``now`` and the optional ``clock`` (for step timings) come from
 the caller.
 
-A blocked job stops its workspace's queue when the queue is ``fifo``; in a
-``balance`` queue later jobs may backfill. Either way the first blocked job
-of each queue gets a reservation (see ``reservation``) so jobs behind it and
-jobs of other queues cannot take the capacity it waits for, and a workspace
-quota keeps room for its first quota-blocked job.
+A blocked job stops its workspace's queue when the queue is ``fifo`` (for
+the jobs that compete with it for a GPU model: a job pinned to other models
+goes on); in a ``balance`` queue later jobs may backfill. Either way the
+first blocked job of each queue gets a reservation (see ``reservation``) so
+jobs behind it and jobs of other queues cannot take the capacity it waits
+for, and a workspace quota keeps room for its first quota-blocked job. When
+the nodes held for a job last cycle can hold it, it starts there first.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from dataclasses import dataclass, replace
 from typing import TypeVar
 
 from . import explain, quota
+from .fragmentation import FragTable, slot_shape, task_demand
 from .model import (
     CycleResult,
     Job,
@@ -34,7 +37,7 @@ from .model import (
     Workspace,
 )
 from .ordering import order_queue
-from .placement import Found, Shortfall, find_placement, measure
+from .placement import Found, Shortfall, find_placement, measure, place_on
 from .preemption import eligible, select_victims
 from .request import Invalid, Request, build_request
 from .reservation import reservation_name, reserve
@@ -76,11 +79,16 @@ class Cycle:
             snapshot.nodes, snapshot.workspaces, snapshot.running))
         self.queue: list[Job] = self._timed("order", lambda: order_queue(
             snapshot.pending, config.priorities, (a.job.id for a in snapshot.running)))
+        if config.fragmentation_aware:
+            jobs = [*(a.job for a in snapshot.running), *self.queue]
+            self.state.frag = FragTable(task_demand((slot_shape(
+                j.gpus_per_worker, j.workers, j.unit_workers, j.unit_scope, j.gpu_models), j.gpus)
+                for j in jobs), self.state.model_max_gpus, self.state.model_capacity())
         self.placements: dict[str, tuple[Slot, ...]] = {}
         self.nominations: dict[str, tuple[Slot, ...]] = {}
         self.preemptions: list[Preemption] = []
         self.outcomes: dict[str, Outcome] = {}
-        self._fifo_blocked: dict[str, str] = {}
+        self._fifo_blocked: dict[str, list[tuple[str, frozenset[str]]]] = {}
         self._reserved_ws: set[str] = set()
         self._quota_reserved: dict[str, int] = {}
         self._preemption_attempts = 0
@@ -95,8 +103,42 @@ class Cycle:
         return self.explain()
 
     def admit(self) -> None:
-        """Decide every queued job, in order."""
-        self._timed("admit", lambda: [self.decide(job) for job in self.queue])
+        """Start the jobs whose drained nodes are now free, then decide
+        every queued job, in order."""
+
+        def run() -> None:
+            self._honour_drains()
+            for job in self.queue:
+                if job.id not in self.outcomes:
+                    self.decide(job)
+        self._timed("admit", run)
+
+    def _honour_drains(self) -> None:
+        """A job that held nodes last cycle starts on them once they hold
+        it, before the jobs ahead of it in the queue. Nothing new landed on
+        those nodes while they drained; letting a higher-priority job that
+        can use any GPU take them now would start the drain over, and a big
+        gang behind a stream of small jobs would never start."""
+        if not self._drains:
+            return
+        jobs = {j.id: j for j in self.queue}
+        for owner, nodes in self._drains.items():
+            job = jobs.get(owner)
+            if job is None or not nodes:
+                continue
+            try:
+                req = build_request(job, self.state, self.config)
+            except Invalid:
+                continue
+            if quota.beyond(self.state.workspaces[job.workspace], req):
+                continue
+            allowed, _ = quota.within(self.state, req, self._quota_reserved)
+            if allowed is None:
+                continue
+            found = place_on(self.state, allowed, nodes)
+            if found is not None:
+                self._commit(allowed, found, PLACED)
+                self.outcomes[owner] = Outcome("placed")
 
     def decide(self, job: Job) -> str:
         """Nominate, place tentatively, commit or block one job; its code."""
@@ -132,7 +174,7 @@ class Cycle:
     # -- one job --------------------------------------------------------------
 
     def _decide(self, job: Job) -> Outcome:
-        blocker = self._fifo_blocked.get(job.workspace)
+        blocker = self._fifo_blocker(job)
         if blocker is not None:
             return Outcome("fifo", explain.behind(blocker, job.workspace))
         try:
@@ -310,8 +352,17 @@ class Cycle:
                 self._reserved_ws.add(ws.name)
                 reserve(self.state, req, now=self.now)
         if ws.queue_policy == "fifo":
-            self._fifo_blocked[ws.name] = job.id
+            self._fifo_blocked.setdefault(ws.name, []).append((job.id, frozenset(req.models)))
         return out
+
+    def _fifo_blocker(self, job: Job) -> str | None:
+        """The blocked job of a FIFO queue that ``job`` must wait behind:
+        one that competes with it for a GPU model. A job pinned only to
+        models the blocked jobs cannot use takes nothing they wait for."""
+        for blocker, models in self._fifo_blocked.get(job.workspace, ()):
+            if not job.gpu_models or not models or not job.gpu_models.isdisjoint(models):
+                return blocker
+        return None
 
     def _held_for(self, req: Request) -> list[str]:
         """Owners of reservations the job would fit into, if any."""

@@ -143,6 +143,12 @@ class SchedulerConfig:
     max_reservations: int = 8
     max_preemption_attempts: int = 32
     max_victim_checks: int = 64
+    preempt_larger_jobs: bool = False
+    """Let a job preempt a job holding more GPUs than it asks for."""
+    fragmentation_aware: bool = True
+    """Place single-node requests where they fragment the cluster least for
+    the mix of jobs running and queued (see ``fragmentation``); off: the
+    tightest node."""
 
 
 @dataclass(frozen=True, slots=True)

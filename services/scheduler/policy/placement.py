@@ -15,9 +15,11 @@ are neighbours and a rack-scoped unit never straddles racks.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from .domains import ChoiceKey, RackCap, choose_racks
+from .fragmentation import FragTable
 from .request import Request
 from .state import ClusterState
 from .topology import Cell
@@ -84,8 +86,10 @@ def _find(state: ClusterState, req: Request, *, choose: bool = True) -> Found | 
     best_rack = -1
     need = req.units
     sg, ru, pools = req.slot_gpus, req.rack_unit, req.pools
-    pref_racks = _preferred_racks(state, req)
     single = req.slots == 1  # one node: the tightest node matters more than the tightest rack
+    if single and choose and state.frag is not None and not req.prefer:
+        return _find_one_node(state, req, state.frag)
+    pref_racks = _preferred_racks(state, req)
     for model in req.models:
         model_free = state.model_free.get(model, 0)
         free_gpus += model_free
@@ -128,6 +132,83 @@ def _find(state: ClusterState, req: Request, *, choose: bool = True) -> Found | 
         return Shortfall(free_gpus, fit_units, best_rack_slots * sg, best_rack, most)
     _, model, choice = best
     return _materialise(state, req, model, choice)
+
+
+def _find_one_node(state: ClusterState, req: Request, table: FragTable) -> Found | Shortfall:
+    """A single slot: the least pressed GPU model, then the node whose
+    fragmentation for the expected mix grows least; ties go to the tightest
+    node (a partly used one before an empty one), then the fullest rack,
+    then topology order."""
+    sg, pools = req.slot_gpus, req.pools
+    best: tuple[float, float, int, int, int] | None = None
+    best_model = ""
+    for model in req.models:
+        if state.model_free.get(model, 0) < sg:
+            continue
+        pressure = table.pressure.get(model, 0.0)
+        for _, cells in state.model_racks[model]:
+            rack_free = 0
+            found: list[tuple[float, int, int]] = []
+            for cell in cells:
+                if pools is not None and cell.pool not in pools:
+                    continue
+                rack_free += cell.free
+                hist = cell.hist
+                top = len(hist) - 1
+                for f in range(sg, len(hist)):
+                    if hist[f]:
+                        found.append((table.delta(model, f, sg), 2 * f + (f == top),
+                                      cell.buckets[f][0]))
+            for delta, tight, node in found:
+                key = (pressure, delta, tight, rack_free, node)
+                if best is None or key < best:
+                    best, best_model = key, model
+    if best is None:
+        return _find(state, req, choose=False)
+    node = best[4]
+    ranks = tuple([(node, req.job.gpus_per_worker)] * req.workers_per_slot)
+    return Found(best_model, ranks, {node: sg}, 1)
+
+
+def place_on(state: ClusterState, req: Request, nodes: Iterable[int]) -> Found | None:
+    """``req`` on ``nodes`` only (e.g. the nodes drained for it), in topology
+    order, or None when they cannot hold it now. Costs O(len(nodes))."""
+    sg, ru = req.slot_gpus, req.rack_unit
+    skip = set(req.exclude)
+    by_model: dict[str, list[tuple[int, int, int]]] = {}
+    for i in sorted(set(nodes)):
+        cell = state.cell_of[i]
+        if cell is None or state.masked[i] or i in skip or cell.model not in req.models \
+                or (req.pools is not None and cell.pool not in req.pools):
+            continue
+        slots = state.eff_free(i) // sg
+        if slots:
+            by_model.setdefault(cell.model, []).append((i, slots, cell.rack_id))
+    for model in req.models:
+        candidates = by_model.get(model, [])
+        per_rack: dict[int, int] = {}
+        for _, slots, rack in candidates:
+            per_rack[rack] = per_rack.get(rack, 0) + slots
+        if sum(v // ru for v in per_rack.values()) < req.units:
+            continue
+        taken: dict[int, int] = {}
+        left = req.units
+        for rack, slots in per_rack.items():  # racks in topology order
+            want = min(slots // ru, left) * ru
+            left -= want // ru
+            for i, free, r in candidates:
+                if r == rack and want:
+                    k = min(free, want)
+                    taken[i] = k
+                    want -= k
+            if not left:
+                break
+        ranks: list[tuple[int, int]] = []
+        for i in sorted(taken):
+            ranks.extend([(i, req.job.gpus_per_worker)] * (taken[i] * req.workers_per_slot))
+        racks = len({state.cell_of[i].rack_id for i in taken})  # type: ignore[union-attr]
+        return Found(model, tuple(ranks), {i: k * sg for i, k in taken.items()}, racks)
+    return None
 
 
 def _most_free(cell: Cell) -> int:

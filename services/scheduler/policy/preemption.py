@@ -2,14 +2,17 @@
 acts (the shell's ``issue_preemptions`` checkpoints and requeues the victims).
 
 A victim must have a strictly lower priority than the preemptor, be marked
-preemptible, have run at least its ``min_runtime_s``, and (unless the config
-allows preemption across workspaces) belong to the preemptor's workspace.
+preemptible, have run at least its ``min_runtime_s``, hold no more GPUs than
+the preemptor asks for (unless ``preempt_larger_jobs``: evicting an 8-GPU
+gang for a 1-GPU job hands seven GPUs to other small jobs and sends the gang
+back to wait for a whole node), and (unless the config allows preemption
+across workspaces) belong to the preemptor's workspace.
 Because priorities never change and victims are strictly lower, a victim
 can never evict its preemptor in return: preemption cannot cycle.
 
 The set is the fewest victims, then the cheapest (lowest priority, then
-least GPU-seconds lost): one victim is tried first, cheapest first, which
-is exact for single victims; otherwise victims are released lowest
+no larger than the preemptor, then least GPU-seconds lost): one victim
+is tried first, cheapest first; otherwise victims are released lowest
 priority and largest first until the job fits, then every victim that is
 not needed after all is spared, most expensive first. The result is minimal
 (no victim can be dropped), a bounded-cost stand-in for the NP-hard minimum.
@@ -46,6 +49,10 @@ def eligible(alloc: Alloc, req: Request, *, now: float, config: SchedulerConfig,
         return False
     if now - victim.started_at < victim.min_runtime_s:
         return False
+    if alloc.gpus > req.need and not config.preempt_larger_jobs:
+        # The victim's GPUs would mostly go to other small jobs, and the
+        # victim would wait for a whole block again: a net loss of capacity.
+        return False
     if victim.workspace == req.job.workspace:
         return True
     ws = state.workspaces.get(victim.workspace)
@@ -81,7 +88,12 @@ def select_victims(state: ClusterState, req: Request, candidates: Sequence[Alloc
     cost = {a.job.id: (priorities.get(a.job.priority, 0), gpu_seconds(a, now), a.job.id)
             for a in pool}
     checks = 0
-    for alloc in sorted(pool, key=lambda a: cost[a.job.id]):
+    # One victim: lowest priority, then one no larger than the job (with
+    # ``preempt_larger_jobs``, evicting an 8-GPU gang for a 1-GPU job leaves
+    # the gang waiting for a whole node again), then least work lost.
+    single = sorted(pool, key=lambda a: (cost[a.job.id][0], max(0, usable[a.job.id] - need),
+                                         cost[a.job.id][1], a.job.id))
+    for alloc in single:
         if checks >= max_checks // 2:
             break
         if not may_fit(usable[alloc.job.id], quota[alloc.job.id]):

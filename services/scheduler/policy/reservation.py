@@ -4,11 +4,15 @@ When the head of a queue does not fit, jobs behind it (balance queues) and
 jobs of other queues may still start, but not on the GPUs the head needs.
 We pick where the head will wait, on a *capacity* view (as if every job on
 the candidate nodes had ended): fewest racks first, then the racks whose
-nodes already have the most free GPUs (least left to drain). The free GPUs of
-those nodes are held; the rest of each node drains as its jobs end and
-nothing new lands there. Across cycles the GPUs still to drain never grow
-(the previous choice stays available and only gets emptier), so the head
-starts once enough of the jobs in its way have ended.
+nodes already have the most free GPUs (least left to drain). Within them
+(and for a head that fits on one node, across every node it may use) the
+nodes expected to drain soonest win: a job with an ``expected_runtime_s``
+ends when that says; a job without one is expected to run about as long
+again as it has run so far (job run times are heavy-tailed: a job that has
+run for a day is likely to run for another, one that started a minute ago
+likely ends soon). The free GPUs of the chosen nodes are held; the rest of
+each node drains as its jobs end and nothing new lands there. The choice is
+made again every cycle, so a head moves to a node that emptied sooner.
 
 The one exception is EASY-style backfill: a job whose ``expected_runtime_s``
 ends before the hold's ``until`` (the latest expected end of the jobs it waits
@@ -38,7 +42,7 @@ def reserve(state: ClusterState, req: Request, *, now: float) -> bool:
             if held.kind == RESERVATION:
                 for i in held.per_node:
                     state.mask(i)
-        plan = _shadow(state, req)
+        plan = _shadow(state, req, now)
         if plan is None:
             return False
         per_node = {i: min(state.eff_free(i), slots * req.slot_gpus)
@@ -48,8 +52,11 @@ def reserve(state: ClusterState, req: Request, *, now: float) -> bool:
     return True
 
 
-def _shadow(state: ClusterState, req: Request) -> dict[int, int] | None:
+def _shadow(state: ClusterState, req: Request, now: float) -> dict[int, int] | None:
     sg, ru, pools = req.slot_gpus, req.rack_unit, req.pools
+    drain = _Drain(state, now)
+    if req.slots == 1:
+        return _one_node(state, req, drain)
     best: tuple[ChoiceKey, list[tuple[RackCap, int]]] | None = None
     for model in req.models:
         caps: list[RackCap] = []
@@ -67,24 +74,69 @@ def _shadow(state: ClusterState, req: Request) -> dict[int, int] | None:
         return None
     taken: dict[int, int] = {}
     for rack, units in best[1]:
-        _drain_order_pick(state, rack.cells, units * ru, sg, taken)
+        _drain_order_pick(state, rack.cells, units * ru, sg, taken, drain)
     return taken
 
 
+class _Drain:
+    """Expected seconds until each node's jobs have ended (cached per call)."""
+
+    def __init__(self, state: ClusterState, now: float) -> None:
+        self.state = state
+        self.now = now
+        self.cache: dict[int, float] = {}
+
+    def __call__(self, i: int) -> float:
+        est = self.cache.get(i)
+        if est is None:
+            est = 0.0
+            state, now = self.state, self.now
+            for job_id in state.node_jobs(i):
+                alloc = state.allocs.get(job_id)
+                if alloc is None:
+                    continue
+                job = alloc.job
+                started = job.started_at if alloc.kind not in (PLACED, NOMINATED) \
+                    and job.started_at is not None else now
+                if job.expected_runtime_s is not None:
+                    left = started + job.expected_runtime_s - now
+                else:
+                    left = now - started
+                est = max(est, left)
+            self.cache[i] = est
+        return est
+
+
+def _nodes(cells: list[Cell]) -> list[int]:
+    return [i for c in cells for bucket in c.buckets for i in bucket]
+
+
+def _one_node(state: ClusterState, req: Request, drain: _Drain) -> dict[int, int] | None:
+    """The node that will hold the slot soonest, of every node that can."""
+    sg, pools = req.slot_gpus, req.pools
+    best: tuple[float, int, int] | None = None
+    for model in req.models:
+        for _, cells in state.model_racks[model]:
+            for i in _nodes([c for c in cells if pools is None or c.pool in pools]):
+                if state.gpus[i] >= sg:
+                    key = (drain(i), -state.eff_free(i), i)
+                    if best is None or key < best:
+                        best = key
+    return None if best is None else {best[2]: 1}
+
+
 def _drain_order_pick(state: ClusterState, cells: list[Cell], slots: int, sg: int,
-                      taken: dict[int, int]) -> None:
-    """Nodes with the most free GPUs first (then IP order), by capacity."""
-    top = max(len(c.hist) for c in cells) - 1
+                      taken: dict[int, int], drain: _Drain) -> None:
+    """Nodes expected to drain soonest first, then the most free GPUs, then
+    IP order, by capacity."""
     remaining = slots
-    for f in range(top, -1, -1):
-        nodes = sorted(i for c in cells if f < len(c.buckets) for i in c.buckets[f])
-        for i in nodes:
-            k = min(state.gpus[i] // sg, remaining)
-            if k > 0:
-                taken[i] = k
-                remaining -= k
-                if remaining == 0:
-                    return
+    for i in sorted(_nodes(cells), key=lambda i: (drain(i), -state.eff_free(i), i)):
+        k = min(state.gpus[i] // sg, remaining)
+        if k > 0:
+            taken[i] = k
+            remaining -= k
+            if remaining == 0:
+                return
 
 
 def _until(state: ClusterState, req: Request, plan: dict[int, int], now: float) -> float:

@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterable, Sequence
 from types import TracebackType
 from typing import Any
 
+from .fragmentation import FragTable
 from .model import Allocation, Job, Node, Workspace
 from .topology import Cell, topo_key
 
@@ -92,6 +93,8 @@ class ClusterState:
         self.ws_used: dict[str, int] = {}
         self.ws_model_used: dict[tuple[str, str], int] = {}
         self._node_jobs: list[set[str]] | None = None
+        self.frag: FragTable | None = None
+        """Expected fragmentation for the cycle's task mix; None: tightest node."""
         self._log: list[_Undo] | None = None
         self._load(running)
         self._build_cells()
@@ -171,6 +174,14 @@ class ClusterState:
         """Free GPUs of node ``i`` as the counters see them (0..gpus)."""
         f = self.free[i]
         return 0 if f < 0 else (self.gpus[i] if f > self.gpus[i] else f)
+
+    def model_capacity(self) -> dict[str, int]:
+        """GPUs of the ready nodes of each model."""
+        out: dict[str, int] = {}
+        for model, racks in self.model_racks.items():
+            out[model] = sum(n * c for _, cells in racks for cell in cells
+                             for c, n in enumerate(cell.cap_hist))
+        return out
 
     def usable(self, i: int) -> bool:
         return self.cell_of[i] is not None and not self.masked[i]

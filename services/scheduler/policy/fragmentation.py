@@ -1,0 +1,102 @@
+"""How much a placement fragments the cluster for the jobs expected next.
+
+In the spirit of Fragmentation Gradient Descent ("Beware of Fragmentation",
+USENIX ATC'23, whose Alibaba traces ``bench/scheduler_trace.py`` replays):
+the free GPUs of a node are a *fragment* for a task shape when that shape
+cannot use them there, because it needs more GPUs than the node has free or
+because it is pinned to other GPU models. A node's expected fragmentation
+is the fragment size averaged over the expected task mix; a placement is
+scored by how much it changes that figure, and the node it grows least (or
+shrinks most) wins.
+
+That rule covers what tightest-node packing misses: taking one GPU of an
+empty 8-GPU node costs the mix's 8-GPU jobs seven GPUs, while topping up a
+partly used node costs nothing it had not already lost. Only shapes that
+can use a model count for its nodes' fragments.
+
+Which GPU model a flexible job takes is decided first, by *pressure*: the
+GPUs that jobs pinned to a set of models ask for, spread over that set's
+capacity. FGD's own answer (a node is already a fragment for every job
+pinned elsewhere) weighs pinned jobs by how many there are, not by how
+scarce their models are, and so sends flexible jobs onto a small, contended
+model because the many jobs pinned to an abundant one cannot use it. With
+pressure, a job that may run anywhere stays off the models that pinned jobs
+need, and pinned jobs stop waiting for GPUs that flexible jobs could have
+taken elsewhere.
+
+The mix is the shapes of the jobs the cycle sees, running and pending, so
+it follows the cluster's own workload with nothing to configure; before
+any job exists it is empty and every placement scores 0 (tightest node
+decides, as before).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+Shape = tuple[int, frozenset[str]]
+"""(GPUs one slot needs on one node, models it accepts; empty = any)."""
+Demand = Mapping[Shape, tuple[float, float]]
+"""Per shape: (jobs, GPUs) running and queued."""
+
+
+def slot_shape(gpus_per_worker: int, workers: int, unit_workers: int, unit_scope: str,
+               gpu_models: frozenset[str]) -> Shape:
+    """The per-node slot a job asks for (a node-scoped unit is one slot)."""
+    unit = max(1, unit_workers) if unit_scope == "node" else 1
+    unit = unit if workers % unit == 0 else 1
+    return (max(1, gpus_per_worker) * unit, gpu_models)
+
+
+class FragTable:
+    """Expected fragmentation per (GPU model, free GPUs), precomputed once
+    per cycle: ``delta(model, free, take)`` is then a table look-up."""
+
+    __slots__ = ("_frag", "weight", "pressure")
+
+    def __init__(self, demand: Demand, models: Mapping[str, int],
+                 capacity: Mapping[str, int]) -> None:
+        """``demand``: jobs and GPUs per task shape; ``models``: most GPUs a
+        node of each model has; ``capacity``: GPUs of each model."""
+        self.weight = sum(jobs for jobs, _ in demand.values())
+        self._frag: dict[str, list[float]] = {}
+        self.pressure: dict[str, float] = dict.fromkeys(models, 0.0)
+        """Per model: GPUs pinned jobs ask of it per GPU it has."""
+        if self.weight <= 0:
+            return
+        for model, top in models.items():
+            usable = [(need, jobs) for (need, pinned), (jobs, _) in demand.items()
+                      if not pinned or model in pinned]
+            self._frag[model] = [free * sum(j for need, j in usable if need > free) / self.weight
+                                 for free in range(top + 1)]
+        for (_, pinned), (_, gpus) in demand.items():
+            within = [m for m in pinned if m in capacity]
+            if not within or len(within) == len(capacity):
+                continue  # pinned to nothing here, or to everything: no pull
+            share = gpus / max(1, sum(capacity[m] for m in within))
+            for m in within:
+                self.pressure[m] += share
+
+    def frag(self, model: str, free: int) -> float:
+        """Expected GPUs of a node with ``free`` free GPUs of ``model`` that
+        the next job (drawn from the mix) could not use."""
+        row = self._frag.get(model)
+        if row is None or free <= 0:
+            return 0.0
+        return row[min(free, len(row) - 1)]
+
+    def delta(self, model: str, free: int, take: int) -> float:
+        """Change in that figure when ``take`` of the ``free`` GPUs are used."""
+        row = self._frag.get(model)
+        if row is None:
+            return 0.0
+        return row[free - take] - row[free]
+
+
+def task_demand(jobs: Iterable[tuple[Shape, int]]) -> dict[Shape, tuple[float, float]]:
+    """Jobs and GPUs per slot shape, from (shape, GPUs) per job."""
+    out: dict[Shape, tuple[float, float]] = {}
+    for shape, gpus in jobs:
+        n, g = out.get(shape, (0.0, 0.0))
+        out[shape] = (n + 1, g + gpus)
+    return out
