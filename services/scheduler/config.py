@@ -112,6 +112,14 @@ class SchedulerFile(Frozen):
     priorities: dict[str, int] = Field(default_factory=lambda: dict(DEFAULT_PRIORITIES))
     preemption: bool = True
     cross_workspace_preemption: bool = False
+    preempt_larger_jobs: bool = Field(
+        default=False, description="let a job preempt one holding more GPUs than it asks "
+        "for (off: the victim's GPUs would mostly go to other small jobs while it waits for a "
+        "whole node again)")
+    fragmentation_aware: bool = Field(
+        default=True, description="place single-node requests on the least pressed GPU "
+        "model and where they fragment the cluster least for the running and queued job "
+        "shapes (off: the tightest node)")
     preemption_grace_s: float = Field(default=30.0, ge=0,
                                       description="time a victim has to checkpoint and stop")
     stop_grace_s: float = Field(
@@ -146,7 +154,9 @@ class SchedulerFile(Frozen):
 
     def policy(self) -> SchedulerConfig:
         return SchedulerConfig(priorities=dict(self.priorities), preemption=self.preemption,
-                               cross_workspace_preemption=self.cross_workspace_preemption)
+                               cross_workspace_preemption=self.cross_workspace_preemption,
+                               preempt_larger_jobs=self.preempt_larger_jobs,
+                               fragmentation_aware=self.fragmentation_aware)
 
     def limits(self) -> Limits:
         return Limits(preemption_grace_s=self.preemption_grace_s, stop_grace_s=self.stop_grace_s,

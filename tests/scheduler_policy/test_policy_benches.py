@@ -156,3 +156,45 @@ def test_the_figures_that_separate_policies(tmp_path: Path) -> None:
             assert 0 < fig["reserved_idle_share"] <= fig["mean_reserved_free"]
         else:
             assert fig["reserved_idle_share"] == fig["mean_reserved_free"] == 0
+
+
+def test_the_scheduling_window_runs_to_the_last_start(tmp_path: Path) -> None:
+    nodes, pods = _tiny_cluster(tmp_path)
+    tasks, _ = trace.load_tasks(pods, speedup=1, min_runtime_s=0)
+    m = trace.replay(nodes, tasks, policy="fifo first-fit", cycle_s=10)
+    # 31 GPUs asked of 16 within a minute: the last task starts after the
+    # last arrival (50 s), once the first ones end (300 s).
+    assert trace.scheduling_window(m, tasks) == max(m.started.values()) >= 300
+    assert trace.summarise(m, tasks)["window_s"] == trace.scheduling_window(m, tasks)
+    assert trace.summarise(m, tasks, 100.0)["window_s"] == 100.0
+
+
+def _figures(**kw: float) -> dict[str, float]:
+    base = {"contended_allocation": 0.8, "high_mean_wait_s": 100.0, "high_p99_wait_s": 900.0,
+            "gpu_weighted_mean_wait_s": 200.0, "8gpu_mean_wait_s": 400.0,
+            "reserved_idle_share": 0.0, "mean_stranded_free": 0.2}
+    return {**base, **kw}
+
+
+def test_goals_compare_against_the_better_baseline() -> None:
+    ff, bf = _figures(), _figures(contended_allocation=0.85, high_mean_wait_s=90.0)
+    met = trace.goals(_figures(contended_allocation=0.85, high_mean_wait_s=90.0,
+                               gpu_weighted_mean_wait_s=219.0, **{"8gpu_mean_wait_s": 499.0},
+                               reserved_idle_share=0.02, mean_stranded_free=0.19), ff, bf)
+    assert all(met.values()), met
+    missed = trace.goals(_figures(contended_allocation=0.84, high_mean_wait_s=95.0,
+                                  gpu_weighted_mean_wait_s=221.0,
+                                  **{"8gpu_mean_wait_s": 501.0}, reserved_idle_share=0.021,
+                                  mean_stranded_free=0.2), ff, bf)
+    assert not any(v for k, v in missed.items() if k != "high_p99_wait_s"), missed
+    assert set(met) == set(trace.GOALS)
+
+
+def test_the_table_marks_each_missed_goal() -> None:
+    run = {"trace": "default", "load": 2.0, "policy": _figures(), "fifo_first_fit": _figures(),
+           "fifo_best_fit": _figures(contended_allocation=0.9)}
+    run["goals"] = trace.goals(run["policy"], run["fifo_first_fit"], run["fifo_best_fit"])
+    text = trace.table([run])
+    row = text.splitlines()[2]
+    assert row.startswith("| default | 2 | 0.800 / 0.800 / 0.900 ✗ |")
+    assert row.count("✗") == sum(not v for v in run["goals"].values()) == 2  # + stranded (equal)

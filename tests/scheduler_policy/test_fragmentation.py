@@ -1,0 +1,59 @@
+"""Expected fragmentation and GPU-model pressure: the numbers behind
+fragmentation-aware placement (``services/scheduler/policy/fragmentation``)."""
+
+from __future__ import annotations
+
+import pytest
+
+from services.scheduler.policy.fragmentation import FragTable, slot_shape, task_demand
+
+ANY: frozenset[str] = frozenset()
+
+
+def test_a_nodes_free_gpus_are_a_fragment_for_the_shapes_that_need_more() -> None:
+    # Three 1-GPU jobs and one 8-GPU job: a node with 7 free GPUs loses
+    # them all to the 8-GPU job (a quarter of the mix).
+    table = FragTable(task_demand([((1, ANY), 1)] * 3 + [((8, ANY), 8)]), {"G2": 8}, {"G2": 64})
+    assert table.frag("G2", 8) == 0.0
+    assert table.frag("G2", 7) == pytest.approx(7 * 0.25)
+    # Taking one GPU of an empty node costs the 8-GPU jobs seven GPUs...
+    assert table.delta("G2", 8, 1) == pytest.approx(1.75)
+    # ... while topping up a partly used node shrinks a fragment.
+    assert table.delta("G2", 3, 1) == pytest.approx(2 * 0.25 - 3 * 0.25)
+    assert table.delta("G2", 3, 1) < table.delta("G2", 8, 1)
+
+
+def test_a_shape_pinned_to_other_models_does_not_count_for_a_nodes_fragments() -> None:
+    table = FragTable(task_demand([((2, frozenset({"T4"})), 2)] * 4 + [((1, ANY), 1)]),
+                      {"G2": 8, "T4": 2}, {"G2": 64, "T4": 8})
+    assert table.frag("G2", 1) == 0.0  # the T4 jobs never look at G2 nodes
+    assert table.frag("T4", 1) == pytest.approx(1 * 4 / 5)  # they need 2 on a T4 node
+
+
+def test_pressure_is_what_pinned_jobs_ask_of_a_model_per_gpu_it_has() -> None:
+    demand = task_demand([((1, frozenset({"T4"})), 1)] * 3
+                         + [((8, frozenset({"V100M16", "V100M32"})), 8)]
+                         + [((1, frozenset({"G2", "T4", "V100M16", "V100M32"})), 1)]
+                         + [((8, ANY), 8)])
+    capacity = {"G2": 64, "T4": 4, "V100M16": 8, "V100M32": 8}
+    table = FragTable(demand, dict.fromkeys(capacity, 8), capacity)
+    assert table.pressure["T4"] == pytest.approx(3 / 4)
+    assert table.pressure["V100M16"] == table.pressure["V100M32"] == pytest.approx(8 / 16)
+    # Jobs that may use every model (pinned to all of them, or to none)
+    # pull no model more than another.
+    assert table.pressure["G2"] == 0.0
+
+
+def test_no_jobs_no_preference() -> None:
+    table = FragTable({}, {"G2": 8}, {"G2": 8})
+    assert table.delta("G2", 8, 1) == table.frag("G2", 3) == 0.0
+    assert table.pressure == {"G2": 0.0}
+
+
+@pytest.mark.parametrize(("args", "shape"), [
+    ((4, 2, 2, "node", ANY), (8, ANY)),  # a node-scoped unit is one slot
+    ((4, 4, 2, "rack", ANY), (4, ANY)),  # rack-scoped units spread over nodes
+    ((8, 3, 2, "node", frozenset({"G3"})), (8, frozenset({"G3"}))),  # malformed: per worker
+])
+def test_slot_shape(args: tuple, shape: tuple) -> None:
+    assert slot_shape(*args) == shape
