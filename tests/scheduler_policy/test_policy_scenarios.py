@@ -227,6 +227,12 @@ S.append(Scenario(
              running(job("g", 1, 6), ["r2-n0"])],
     placed={"any": ["r2-n0"]}))
 S.append(Scenario(
+    # The T4 rack is the tighter fit, but a job pinned to T4 needs it.
+    "a gang that may run anywhere stays off the GPU model pinned jobs need",
+    rack("r1", 3, model="T4") + rack("r2", 3, model="G2"), [job("g", 2)],
+    running=[running(job("t4", 1, 8, gpu_models={"T4"}), ["r1-n0"])],
+    placed={"g": {"r2"}}))
+S.append(Scenario(
     # Tightest first puts "one" on n0 (2 free), then a 2-GPU job on n1 and
     # the other 2-GPU job finds 1 + 1 free GPUs.
     "a single worker leaves free GPUs that the queued shapes can use", rack("r1", 2),

@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from .domains import ChoiceKey, RackCap, choose_racks
+from .domains import RackCap, choose_racks
 from .fragmentation import FragTable
 from .request import Request
 from .state import ClusterState
@@ -81,7 +81,8 @@ def measure(state: ClusterState, req: Request) -> Shortfall:
 
 
 def _find(state: ClusterState, req: Request, *, choose: bool = True) -> Found | Shortfall:
-    best: tuple[ChoiceKey, str, list[tuple[RackCap, int]]] | None = None
+    best: tuple[tuple[float, ...], str, list[tuple[RackCap, int]]] | None = None
+    frag = state.frag if choose else None
     free_gpus = fit_units = best_rack_slots = most = 0
     best_rack = -1
     need = req.units
@@ -124,8 +125,14 @@ def _find(state: ClusterState, req: Request, *, choose: bool = True) -> Found | 
         if not choose or units_total < need:
             continue
         chosen = choose_racks(caps, need)
-        if chosen is not None and (best is None or chosen[0] < best[0]):
-            best = (chosen[0], model, chosen[1])
+        if chosen is None:
+            continue
+        # Across GPU models: fewest racks, switches and most preferred nodes
+        # first, then the least pressed model, then the tightest fit.
+        racks, switches, pref, score = chosen[0]
+        key = (racks, switches, pref, frag.pressure.get(model, 0.0) if frag else 0.0, score)
+        if best is None or key < best[0]:
+            best = (key, model, chosen[1])
     if best is None:
         if pools is not None:
             free_gpus = state.free_gpus(req.models, pools)
