@@ -3,9 +3,14 @@ fragmentation-aware placement (``services/scheduler/policy/fragmentation``)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
-from services.scheduler.policy.fragmentation import FragTable, slot_shape, task_demand
+from services.scheduler.config import load
+from services.scheduler.policy import Job
+from services.scheduler.policy.fragmentation import FragTable, task_demand
+from services.scheduler.policy.request import slot_layout
 
 ANY: frozenset[str] = frozenset()
 
@@ -50,10 +55,21 @@ def test_no_jobs_no_preference() -> None:
     assert table.pressure == {"G2": 0.0}
 
 
-@pytest.mark.parametrize(("args", "shape"), [
-    ((4, 2, 2, "node", ANY), (8, ANY)),  # a node-scoped unit is one slot
-    ((4, 4, 2, "rack", ANY), (4, ANY)),  # rack-scoped units spread over nodes
-    ((8, 3, 2, "node", frozenset({"G3"})), (8, frozenset({"G3"}))),  # malformed: per worker
+@pytest.mark.parametrize(("gpus", "workers", "unit", "scope", "slot_gpus"), [
+    (4, 2, 2, "node", 8),  # a node-scoped unit is one slot
+    (4, 4, 2, "rack", 4),  # rack-scoped units spread over nodes
+    (8, 3, 2, "node", 8),  # malformed (3 workers, units of 2): per worker
 ])
-def test_slot_shape(args: tuple, shape: tuple) -> None:
-    assert slot_shape(*args) == shape
+def test_the_mix_counts_the_slot_a_job_asks_of_one_node(gpus: int, workers: int, unit: int,
+                                                         scope: str, slot_gpus: int) -> None:
+    job = Job("j", "ws", workers, gpus, unit_workers=unit, unit_scope=scope)  # type: ignore[arg-type]
+    assert slot_layout(job)[1] == slot_gpus
+
+
+def test_the_scheduler_file_turns_both_rules_off(tmp_path: Path) -> None:
+    path = tmp_path / "scheduler.yaml"
+    path.write_text("preempt_larger_jobs: true\nfragmentation_aware: false\n")
+    policy = load(path).policy()
+    assert policy.preempt_larger_jobs and not policy.fragmentation_aware
+    default = load(None).policy()
+    assert not default.preempt_larger_jobs and default.fragmentation_aware

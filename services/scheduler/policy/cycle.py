@@ -25,7 +25,7 @@ from dataclasses import dataclass, replace
 from typing import TypeVar
 
 from . import explain, quota
-from .fragmentation import FragTable, slot_shape, task_demand
+from .fragmentation import FragTable, task_demand
 from .model import (
     CycleResult,
     Job,
@@ -39,7 +39,7 @@ from .model import (
 from .ordering import order_queue
 from .placement import Found, Shortfall, find_placement, measure, place_on
 from .preemption import eligible, select_victims
-from .request import Invalid, Request, build_request
+from .request import Invalid, Request, build_request, slot_layout
 from .reservation import reservation_name, reserve
 from .state import (
     NOMINATED,
@@ -81,9 +81,9 @@ class Cycle:
             snapshot.pending, config.priorities, (a.job.id for a in snapshot.running)))
         if config.fragmentation_aware:
             jobs = [*(a.job for a in snapshot.running), *self.queue]
-            self.state.frag = FragTable(task_demand((slot_shape(
-                j.gpus_per_worker, j.workers, j.unit_workers, j.unit_scope, j.gpu_models), j.gpus)
-                for j in jobs), self.state.model_max_gpus, self.state.model_capacity())
+            self.state.frag = FragTable(
+                task_demand(((slot_layout(j)[1], j.gpu_models), j.gpus) for j in jobs),
+                self.state.model_max_gpus, self.state.model_capacity())
         self.placements: dict[str, tuple[Slot, ...]] = {}
         self.nominations: dict[str, tuple[Slot, ...]] = {}
         self.preemptions: list[Preemption] = []
@@ -126,11 +126,8 @@ class Cycle:
             job = jobs.get(owner)
             if job is None or not nodes:
                 continue
-            try:
-                req = build_request(job, self.state, self.config)
-            except Invalid:
-                continue
-            if quota.beyond(self.state.workspaces[job.workspace], req):
+            req = self._request(job)
+            if isinstance(req, Outcome):
                 continue
             allowed, _ = quota.within(self.state, req, self._quota_reserved)
             if allowed is None:
@@ -177,14 +174,10 @@ class Cycle:
         blocker = self._fifo_blocker(job)
         if blocker is not None:
             return Outcome("fifo", explain.behind(blocker, job.workspace))
-        try:
-            req = build_request(job, self.state, self.config)
-        except Invalid as bad:
-            return Outcome(bad.code, bad.reason)
+        req = self._request(job)
+        if isinstance(req, Outcome):
+            return req
         ws = self.state.workspaces[job.workspace]
-        never = quota.beyond(ws, req)
-        if never:
-            return Outcome("invalid", never)
         allowed, quota_reason = quota.within(self.state, req, self._quota_reserved)
         if allowed is not None:
             placed = self._place(allowed)
@@ -195,6 +188,15 @@ class Cycle:
         if preempted is not None:
             return preempted
         return self._block(allowed or req, ws, quota_reason)
+
+    def _request(self, job: Job) -> Request | Outcome:
+        """The job as a placement request, or why it can never be placed."""
+        try:
+            req = build_request(job, self.state, self.config)
+        except Invalid as bad:
+            return Outcome(bad.code, bad.reason)
+        never = quota.beyond(self.state.workspaces[job.workspace], req)
+        return Outcome("invalid", never) if never else req
 
     def _place(self, req: Request) -> Outcome | None:
         """Free GPUs first; then GPUs held for a head job the job will have

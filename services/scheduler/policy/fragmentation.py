@@ -40,14 +40,6 @@ Demand = Mapping[Shape, tuple[float, float]]
 """Per shape: (jobs, GPUs) running and queued."""
 
 
-def slot_shape(gpus_per_worker: int, workers: int, unit_workers: int, unit_scope: str,
-               gpu_models: frozenset[str]) -> Shape:
-    """The per-node slot a job asks for (a node-scoped unit is one slot)."""
-    unit = max(1, unit_workers) if unit_scope == "node" else 1
-    unit = unit if workers % unit == 0 else 1
-    return (max(1, gpus_per_worker) * unit, gpu_models)
-
-
 class FragTable:
     """Expected fragmentation per (GPU model, free GPUs), precomputed once
     per cycle: ``delta(model, free, take)`` is then a table look-up."""

@@ -172,9 +172,7 @@ def _find_one_node(state: ClusterState, req: Request, table: FragTable) -> Found
                     best, best_model = key, model
     if best is None:
         return _find(state, req, choose=False)
-    node = best[4]
-    ranks = tuple([(node, req.job.gpus_per_worker)] * req.workers_per_slot)
-    return Found(best_model, ranks, {node: sg}, 1)
+    return _found(req, best_model, {best[4]: 1}, 1)
 
 
 def place_on(state: ClusterState, req: Request, nodes: Iterable[int]) -> Found | None:
@@ -210,11 +208,7 @@ def place_on(state: ClusterState, req: Request, nodes: Iterable[int]) -> Found |
                     want -= k
             if not left:
                 break
-        ranks: list[tuple[int, int]] = []
-        for i in sorted(taken):
-            ranks.extend([(i, req.job.gpus_per_worker)] * (taken[i] * req.workers_per_slot))
-        racks = len({state.cell_of[i].rack_id for i in taken})  # type: ignore[union-attr]
-        return Found(model, tuple(ranks), {i: k * sg for i, k in taken.items()}, racks)
+        return _found(req, model, taken, len({r for i, _, r in candidates if i in taken}))
     return None
 
 
@@ -255,13 +249,19 @@ def _materialise(state: ClusterState, req: Request, model: str,
     taken: dict[int, int] = {}
     for rack, units in choice:
         pick_nodes(state, req, rack.cells, units * req.rack_unit, taken)
+    return _found(req, model, taken, len(choice))
+
+
+def _found(req: Request, model: str, taken: dict[int, int], racks: int) -> Found:
+    """The answer for ``taken`` (node index -> slots): ranks in node order,
+    each slot's workers next to each other."""
     ranks: list[tuple[int, int]] = []
     g = req.job.gpus_per_worker
     per_slot = req.workers_per_slot
     for i in sorted(taken):
         ranks.extend([(i, g)] * (taken[i] * per_slot))
     per_node = {i: k * req.slot_gpus for i, k in taken.items()}
-    return Found(model, tuple(ranks), per_node, len(choice))
+    return Found(model, tuple(ranks), per_node, racks)
 
 
 def pick_nodes(state: ClusterState, req: Request, cells: list[Cell], slots: int,

@@ -55,6 +55,19 @@ class Invalid(Exception):
         self.reason = reason
 
 
+def slot_layout(job: Job) -> tuple[int, int, int, int]:
+    """(slots, GPUs per slot, workers per slot, slots per rack unit): a
+    node-scoped unit is one slot; a rack-scoped one is ``unit_workers``
+    slots that share a rack. A job whose workers are not a whole number of
+    units is laid out per worker (``build_request`` refuses it)."""
+    unit = max(1, job.unit_workers)
+    if job.workers % unit:
+        unit = 1
+    if job.unit_scope == "node":
+        return job.workers // unit, unit * job.gpus_per_worker, unit, 1
+    return job.workers, job.gpus_per_worker, 1, unit
+
+
 def build_request(job: Job, state: ClusterState, config: SchedulerConfig) -> Request:
     """Translate ``job``; raises ``Invalid`` with a human reason."""
     ws = state.workspaces.get(job.workspace)
@@ -69,11 +82,7 @@ def build_request(job: Job, state: ClusterState, config: SchedulerConfig) -> Req
     if job.workers % unit:
         raise Invalid("invalid", f"workers ({job.workers}) is not a multiple of "
                                  f"unit_workers ({unit})")
-    if job.unit_scope == "node":
-        slots, slot_gpus, per_slot, rack_unit = job.workers // unit, unit * job.gpus_per_worker, \
-            unit, 1
-    else:
-        slots, slot_gpus, per_slot, rack_unit = job.workers, job.gpus_per_worker, 1, unit
+    slots, slot_gpus, per_slot, rack_unit = slot_layout(job)
     models = _models(job, ws, state)
     pools = ws.node_pools or None
     if not models:

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from .domains import ChoiceKey, RackCap, choose_racks
 from .request import Request
-from .state import NOMINATED, PLACED, RESERVATION, ClusterState
+from .state import NOMINATED, PLACED, RESERVATION, Alloc, ClusterState
 from .topology import Cell
 
 
@@ -95,13 +95,9 @@ class _Drain:
                 alloc = state.allocs.get(job_id)
                 if alloc is None:
                     continue
-                job = alloc.job
-                started = job.started_at if alloc.kind not in (PLACED, NOMINATED) \
-                    and job.started_at is not None else now
-                if job.expected_runtime_s is not None:
-                    left = started + job.expected_runtime_s - now
-                else:
-                    left = now - started
+                started = _started(alloc, now)
+                runtime = alloc.job.expected_runtime_s
+                left = started + runtime - now if runtime is not None else now - started
                 est = max(est, left)
             self.cache[i] = est
         return est
@@ -149,10 +145,16 @@ def _until(state: ClusterState, req: Request, plan: dict[int, int], now: float) 
             alloc = state.allocs.get(job_id)
             if alloc is None:
                 continue
-            job = alloc.job
-            if job.expected_runtime_s is None:
+            runtime = alloc.job.expected_runtime_s
+            if runtime is None:
                 return float("inf")
-            start = now if alloc.kind in (PLACED, NOMINATED) or job.started_at is None \
-                else job.started_at
-            until = max(until, start + job.expected_runtime_s)
+            until = max(until, _started(alloc, now) + runtime)
     return until
+
+
+def _started(alloc: Alloc, now: float) -> float:
+    """When a job holding GPUs started: now for one placed this cycle."""
+    job = alloc.job
+    if alloc.kind in (PLACED, NOMINATED) or job.started_at is None:
+        return now
+    return job.started_at
