@@ -37,6 +37,7 @@ import statistics
 import sys
 import tempfile
 import time
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -47,8 +48,8 @@ from libs.embedded import NatsServer  # noqa: E402
 from libs.events import (  # noqa: E402
     Event,
     GpuMetrics,
-    HeartbeatData,
-    NodeHeartbeat,
+    JobCheckpoint,
+    JobCheckpointData,
     NodeTelemetry,
     NodeTelemetryData,
     encode_event,
@@ -167,7 +168,7 @@ async def faststream_pull(url: str, count: int, *, batch: int,
     broker = NatsBroker(url, logger=None)
     await broker.connect()
     name = f"fs-{batch}"
-    subject = f"safe.node.{name}.heartbeat"
+    subject = f"safe.job.{name}.checkpoint"
     seen: list[tuple[float, int]] = []
     got = asyncio.Event()
     rng = random.Random(7)
@@ -181,7 +182,7 @@ async def faststream_pull(url: str, count: int, *, batch: int,
     async def handle(msg: NatsMessage) -> None:
         if handler_s:
             await asyncio.sleep(rng.uniform(0, handler_s))
-        seen.append((time.perf_counter(), json.loads(msg.body)["data"]["seq"]))
+        seen.append((time.perf_counter(), json.loads(msg.body)["data"]["iteration"]))
         await msg.ack()
         got.set()
 
@@ -192,13 +193,13 @@ async def faststream_pull(url: str, count: int, *, batch: int,
         for i in range(min(count, 500)):
             got.clear()
             t0 = time.perf_counter()
-            await bus.js.publish(subject, encode_event(beat(name, i)))
+            await bus.js.publish(subject, encode_event(step(name, i)))
             await got.wait()
             single.append(seen[-1][0] - t0)
         seen.clear()
         t0 = time.perf_counter()
         for i in range(count):
-            await bus.js.publish(subject, encode_event(beat(name, i)))
+            await bus.js.publish(subject, encode_event(step(name, i)))
         while len(seen) < count:
             await asyncio.sleep(0.01)
         rate = count / (time.perf_counter() - t0)
@@ -219,13 +220,13 @@ async def ordered_burst(bus: Bus, count: int, handler_s: float) -> tuple[float, 
 
     async def one(event: Event) -> None:
         await asyncio.sleep(rng.uniform(0, handler_s))
-        seen.append(event.data.seq)  # type: ignore[attr-defined]
+        seen.append(event.data.iteration)  # type: ignore[attr-defined]
 
-    bus.consume(durable=name, subjects=[f"safe.node.{name}.heartbeat"], stream=CONTROL,
+    bus.consume(durable=name, subjects=[f"safe.job.{name}.checkpoint"], stream=CONTROL,
                 handler=one, batch=64)
     t0 = time.perf_counter()
     for i in range(count):
-        await bus.publish(beat(name, i))
+        await bus.publish(step(name, i))
     while len(seen) < count:
         await asyncio.sleep(0.01)
     late = sum(1 for a, b in zip(seen, seen[1:], strict=False) if b < a)
@@ -255,9 +256,10 @@ async def request_reply(bus: Bus, count: int) -> tuple[list[float], list[float]]
     return out
 
 
-def beat(node: str, seq: int) -> NodeHeartbeat:
-    return NodeHeartbeat(source="bench", node=node,
-                         data=HeartbeatData(seq=seq, pid=1, interval_s=1.0))
+def step(job: str, seq: int) -> JobCheckpoint:
+    """A small CONTROL event, numbered by its iteration."""
+    return JobCheckpoint(source="bench", job=job, data=JobCheckpointData(
+        attempt=1, iteration=seq, path="/ckpt", layout="sdk", saved_at=datetime.now(UTC)))
 
 
 async def main(count: int) -> dict[str, object]:

@@ -356,6 +356,7 @@ class Bus:
 
     async def publish(self, event: Event) -> bool:
         """Publish durably; returns False when JetStream saw this id already.
+        An event no stream keeps (a heartbeat) goes out on core NATS.
         Raises ``MessageTooLarge`` for an event the server would not take."""
         if self.routes is not None and not self.routes.may_publish(type(event)):
             raise UndeclaredRoute(f"{self.service} publishes {event.type} but its route table "
@@ -367,6 +368,11 @@ class Bus:
             raise MessageTooLarge(
                 f"{event.type} event {event.id} is {size} bytes; the bus takes at most "
                 f"{self.max_payload} bytes per message (the server's max_payload)")
+        if stream_of(event.subject) is None:
+            # Liveness (heartbeats): core NATS, fire and forget. A beat lost
+            # to a reconnect is a late beat; the next one follows.
+            await self.nc.publish(event.subject, body, headers=headers)
+            return True
         ack = await self.js.publish(event.subject, body, headers=headers)
         return not ack.duplicate
 
@@ -524,15 +530,21 @@ class Bus:
         self._check_call(subject)
         await self.nc.publish(subject, message.model_dump_json().encode())
 
-    async def listen(self, cls: type[E], callback: Callable[[E], Awaitable[None]], *,
-                     node: str | None = None, job: str | None = None) -> Any:
+    async def listen(self, cls: type[E], callback: Callable[[Any], Awaitable[None]], *,
+                     node: str | None = None, job: str | None = None,
+                     raw: bool = False) -> Any:
         """Watch ``cls`` events live (a core subscription: no history, no
-        acks); messages that are not such an event are skipped. Returns the
-        subscription."""
+        acks); messages that are not such an event are skipped. ``raw``: the
+        callback takes the message undecoded (a liveness judge needs only its
+        subject). Returns the subscription."""
         if self.routes is not None and cls not in self.routes.listens:
             raise UndeclaredRoute(f"{self.service} listens to {cls.__name__} but its route "
                                   "table does not say so: add it to the table's listens")
         subject = event_subject(cls, **{k: v for k, v in (("node", node), ("job", job)) if v})
+        if raw:
+            sub = await self.nc.subscribe(subject, cb=callback)
+            await self.flush()
+            return sub
 
         async def on_msg(msg: Msg) -> None:
             try:

@@ -261,7 +261,13 @@ class NodeAgentStopping(Event):
 
 
 class NodeHeartbeat(Event):
-    subject_template = "{root}.node.{node}.heartbeat"
+    """A node's agent is alive: one a second from every node. Liveness only,
+    so it goes out on core NATS under ``safe.live`` (no stream keeps it, no
+    history table stores it): at 12,500 nodes a stream would keep about a
+    billion beats a day that no one reads twice. Its receiver judges it by
+    its subject (the node) and the moment it arrives."""
+
+    subject_template = "{root}.live.{node}.heartbeat"
     type: Literal["node.heartbeat"] = "node.heartbeat"
     node: str
     data: HeartbeatData

@@ -35,11 +35,10 @@ def schemas() -> dict[str, dict[str, Any]]:
     return out
 
 
-def _stream(cls: type[Event]) -> str:
+def _stream(cls: type[Event]) -> str | None:
+    """The stream that keeps ``cls`` events (None: core NATS, liveness)."""
     stream = stream_of(event_subject(cls))
-    if stream is None:
-        raise ValueError(f"no stream keeps {event_type_name(cls)}")
-    return stream.name
+    return None if stream is None else stream.name
 
 
 def _key(text: str) -> str:
@@ -141,7 +140,8 @@ def asyncapi(tables: Iterable[Routes]) -> dict[str, Any]:
         channels[key] = {
             "address": address,
             "messages": {key: {"$ref": f"#/components/messages/{key}"}},
-            "x-stream": _stream(cls),
+            **({"x-stream": stream} if (stream := _stream(cls)) else
+               {"description": "core NATS, outside every stream: liveness, never kept"}),
             **({"parameters": params} if params else {}),
         }
     endpoints: dict[str, Endpoint] = {}

@@ -49,6 +49,9 @@ STREAMS: tuple[StreamSpec, ...] = (CONTROL, TELEMETRY, DEADLETTER)
 # Current state, each bucket written by its owner only (libs.records).
 KV_BUCKETS: dict[str, str] = {b.name: b.description for b in BUCKETS}
 
+# Liveness: heartbeats on core NATS, kept by no stream (libs/beats.py).
+LIVE_ROOT = f"{SUBJECT_ROOT}.live"
+
 HEALTH_SUBJECT = SUBJECT_ROOT + ".health.{service}"
 # Request-reply queries live outside every stream's subjects.
 QUERY_SUBJECT = SUBJECT_ROOT + ".query.{name}"

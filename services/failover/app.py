@@ -7,8 +7,9 @@ its jobs), ``job.recover`` for faults of a job, ``fault.mitigated`` /
 fault record is kept in the ``faults`` KV bucket.
 
 Liveness is judged on this process's clock: a beat counts when it is
-received, and after a (re)start no node is judged before it has had a full
-deadline to beat again (the durable consumer replays old beats first). The
+received (``libs.beats``: core NATS, on a lean connection of its own), and
+after a (re)start no node is judged before it has had a full deadline to
+beat again (beats are not kept: silence before the start says nothing). The
 nodes judged are those bootstrap registered (its ``nodes`` bucket and
 ``node.registered`` events); beats from other names open nothing.
 
@@ -26,6 +27,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from libs.beats import BeatListener
 from libs.bus import Bus
 from libs.drivers.base import NODE_WORKERS, NodeWorkers, NodeWorkersRequest
 from libs.drivers.nodes import LocalNodes, NodeDriver, NodeUpdate
@@ -51,7 +53,6 @@ from libs.events import (
     JobTelemetry,
     LensAlert,
     NodeAgentStopping,
-    NodeHeartbeat,
     NodeRegistered,
     NodeStateChanged,
     WorkerExited,
@@ -84,6 +85,7 @@ from services.failover.rules import HeartbeatMonitor, MissedHeartbeat
 SOURCE = "failover"
 WORKERS_ASK_S = 2.0  # how long to wait for the driver's word on a silent node
 SUSPECT_RECHECK_S = 2.0  # how often a silent node whose workers ran is asked again
+CHECK_PERIOD_S = 0.05  # how often silence is judged
 
 
 def load_rules(path: Path | None) -> FailoverRules:
@@ -115,6 +117,8 @@ class Failover:
         self.suspects: dict[str, tuple[MissedHeartbeat, float]] = {}
         self._sending = asyncio.Lock()
         self._task: asyncio.Task[None] | None = None
+        self.beats: BeatListener | None = None
+        self._back: dict[str, float] = {}  # nodes heard again after a fault, not yet settled
         self._settings = settings
         self.nodes = nodes  # built at start when not given
         self.cordons: Cordons | None = None
@@ -136,6 +140,8 @@ class Failover:
             self.nodes = node_driver(self._settings)
         self.cordons = Cordons(self.nodes)
         await wire(bus, ROUTES, self)
+        self.beats = BeatListener(bus, self._heard, name="failover:beats")
+        await self.beats.start()
         self._task = asyncio.create_task(self._watch())
         await self.nodes.watch(self._node_update)
 
@@ -147,13 +153,20 @@ class Failover:
     # Every handler ends in ``_act``, with or without decisions: what an
     # outage kept from going out goes first.
 
-    async def on_heartbeat(self, event: NodeHeartbeat) -> None:
-        now = time.time()
-        back = self.monitor.beat(event.node, now)
-        if back and self.suspects.pop(event.node, None) is not None:
-            self._log.info("agent back; its node was never evacuated", node=event.node)
-        await self._act(self.book.observe("heartbeat_missed", event.node, bad=False, now=now)
-                        if back else [])
+    def _heard(self, nodes: list[str], at: float) -> None:
+        """Beats, as the listener read them (no await: 12,500 a second). A
+        node back from silence is settled by the watch loop, within a tick."""
+        beat = self.monitor.beat
+        for node in nodes:
+            if beat(node, at):
+                self._back[node] = at
+
+    async def _settle_back(self) -> None:
+        back, self._back = self._back, {}
+        for node, at in back.items():
+            if self.suspects.pop(node, None) is not None:
+                self._log.info("agent back; its node was never evacuated", node=node)
+            await self._act(self.book.observe("heartbeat_missed", node, bad=False, now=at))
 
     async def on_agent_stopping(self, event: NodeAgentStopping) -> None:
         """An agent restarts (a rolling upgrade): wait for it, within the
@@ -276,23 +289,32 @@ class Failover:
 
     async def _watch(self) -> None:
         assert self.bus is not None
-        period = min(0.5, self.monitor.interval_s / 2)
+        # A check costs the silent nodes only (rules.HeartbeatMonitor.check):
+        # twenty a second keep detection within 50 ms of the deadline.
+        period = min(CHECK_PERIOD_S, self.monitor.interval_s / 2)
         while True:
+            planned = time.monotonic() + period
             await asyncio.sleep(period)
-            if not self.bus.nc.is_connected:
-                # Our own bus is down: every node falls silent at once, and
-                # that says nothing about them (a NATS restart would
-                # otherwise quarantine the whole fleet).
+            late = time.monotonic() - planned
+            if not self.bus.nc.is_connected or (self.beats is not None
+                                                and not self.beats.connected):
+                # Our own bus (or the beats' connection) is down: every node
+                # falls silent at once, and that says nothing about them (a
+                # NATS restart would otherwise quarantine the whole fleet).
                 self.monitor.blind(time.time())
                 continue
             try:
+                await self._settle_back()
                 await self._act([])  # what an outage kept from going out
             except Exception as exc:
                 self._log.warning("cannot send fault decisions yet", unsent=len(self._unsent),
                                   error=repr(exc))
                 continue
             try:
-                for missed in self.monitor.check(time.time()):
+                if late > self.monitor.stall_s:
+                    self._log.warning("failover was stalled; no node judged on that silence",
+                                      stalled_s=round(late, 2))
+                for missed in self.monitor.check(time.time(), late_s=late):
                     await self._silent(missed)
                 await self._recheck_suspects()
             except Exception:  # this loop is the only heartbeat judge: it must live
@@ -399,6 +421,8 @@ class Failover:
 
     async def stop(self) -> None:
         await cancel_and_wait([self._task])
+        if self.beats is not None:
+            await self.beats.stop()
         if self.nodes is not None:
             await self.nodes.close()
         if self.cordons is not None:
@@ -411,5 +435,7 @@ class Failover:
                 "silent_agents_with_live_workers": sorted(self.suspects),
                 "faults_open": open_faults, "decisions_unsent": len(self._unsent),
                 "cordons_pending": self.cordons.pending if self.cordons else 0,
+                "beats_heard": self.beats.heard if self.beats else 0,
+                "beats_link": ("lean" if self.beats.lean else "nats-py") if self.beats else "",
                 "unknown_beats": sum(unknown.values()),
                 "unknown_nodes": sorted(unknown)[:20]}

@@ -37,7 +37,6 @@ ROUTES = Routes(
     summary="fault detection and recovery: opens, mitigates and closes faults, times them",
     consumes=(
         Consumer("failover", CONTROL, (
-            On(NodeHeartbeat, "on_heartbeat"),
             On(NodeAgentStopping, "on_agent_stopping"),
             On(NodeRegistered, "on_node_registered"),
             On(NodeStateChanged, "on_node_state"),
@@ -63,4 +62,6 @@ ROUTES = Routes(
     reads=(NODES,),  # only registered nodes are judged
     # Before evacuating a node whose agent is silent: do its workers still run?
     calls=(NODE_WORKERS,),
+    # Heartbeats: core NATS, heard by libs.beats (no stream keeps them).
+    listens=(NodeHeartbeat,),
 )

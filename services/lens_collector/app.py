@@ -19,7 +19,6 @@ import hashlib
 import json
 import time
 from collections import Counter
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -63,6 +62,7 @@ from services.lens_collector.queries import QueryError, resolve
 from services.lens_collector.routes import ALERTS_ROLE, ROUTES
 from services.lens_collector.rows import COLUMNS, EVENT_ID_COLUMN, rows_for
 from services.lens_collector.schema import MIGRATIONS
+from services.lens_collector.store_thread import StoreThread
 from services.lens_collector.worker_logs_schema import logs_ttl
 
 # A job's run is over: its hang and throughput rules stop watching it.
@@ -89,7 +89,7 @@ class LensCollector:
         self.settings = settings
         self.db = settings.clickhouse_database
         self.batch, self.fill_s, self.ack_wait_s = batch, fill_s, ack_wait_s
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="clickhouse")
+        self._store_thread = StoreThread()
         self.client: Client | None = None
         self.bus: Bus | None = None
         self.rows_written: Counter[str] = Counter()
@@ -99,6 +99,7 @@ class LensCollector:
         self.refused = 0
         self.redelivered = 0  # messages delivered more than once (the collector died, or slow)
         self.insert_s = 0.0  # time spent storing telemetry
+        self.store_s: Counter[str] = Counter()  # the store thread's busy seconds, by kind
         self.inserts = 0
         self._log = get_logger()
         self._alert_task: asyncio.Task[None] | None = None
@@ -111,8 +112,19 @@ class LensCollector:
         self._evaluate = evaluate_alerts
         self._alert_interval_s = alert_interval_s
 
-    async def _store(self, fn: Any, *args: Any) -> Any:
-        return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
+    async def _store(self, fn: Any, *args: Any, kind: str = "other") -> Any:
+        """``fn`` on the store's one thread (one engine per process), before
+        queued telemetry unless it is telemetry (``store_thread``); its time
+        there is counted by ``kind``: what holds the engine shows in the
+        health reply."""
+        def timed() -> Any:
+            started = time.perf_counter()
+            try:
+                return fn(*args)
+            finally:
+                self.store_s[kind] += time.perf_counter() - started
+
+        return await self._store_thread.submit(timed, urgent=kind != "telemetry")
 
     async def start(self, bus: Bus) -> None:
         # Thousands of short-lived message objects a second: collect young
@@ -142,7 +154,7 @@ class LensCollector:
 
     async def on_events(self, batch: list[tuple[Event, int]]) -> None:
         """Every control event, into the history table (one insert per batch)."""
-        await self._store(self._insert_rows, rows_for(batch))
+        await self._store(self._insert_rows, rows_for(batch), kind="events")
         for event, _ in batch:
             if isinstance(event, JobSubmitted) and event.job:
                 spec = event.data.spec
@@ -185,7 +197,8 @@ class LensCollector:
             event_id = (headers.get("Nats-Msg-Id") if headers else None) or event_id_of(msg.data)
             groups.setdefault(route, []).append(Item(
                 msg.data, event_id, msg.subject[len(route.prefix):], _delivered(msg), msg))
-        refused: list[tuple[Msg, str]] = early + await self._store(self._ingest, groups)
+        refused: list[tuple[Msg, str]] = early + await self._store(self._ingest, groups,
+                                                                        kind="telemetry")
         await self._announce_first_steps()
         events: list[tuple[Event, int]] = []
         for msg in others:  # not telemetry after all: read as every consumer reads events
@@ -272,7 +285,8 @@ class LensCollector:
         assert self.client is not None
         client = self.client
         text = sql.replace("{db}", self.db)
-        return await self._store(lambda: client.query(text, parameters=params).result_rows)
+        return await self._store(lambda: client.query(text, parameters=params).result_rows,
+                                 kind="alert_rules")
 
     async def on_query(self, request: LensQuery) -> LensRows:
         try:
@@ -281,7 +295,7 @@ class LensCollector:
             return LensRows(ok=False, error=str(exc))
         assert self.client is not None
         client = self.client
-        result = await self._store(lambda: client.query(sql, parameters=params))
+        result = await self._store(lambda: client.query(sql, parameters=params), kind="queries")
         return LensRows(columns=list(result.column_names),
                         rows=[list(r) for r in result.result_rows])
 
@@ -289,13 +303,14 @@ class LensCollector:
         await cancel_and_wait([self._alert_task])
         if self.election is not None:
             await self.election.stop()  # a standby takes over now, not after the TTL
-        self._pool.shutdown(wait=True)
+        await asyncio.to_thread(self._store_thread.shutdown)
 
     def health(self) -> dict[str, Any]:
         return {"rows_written": dict(self.rows_written), "refused": self.refused,
                 "parsed_lines": self.log_telemetry.parsed,
                 "redelivered": self.redelivered, "inserts": self.inserts,
                 "insert_s": round(self.insert_s, 3),
+                "store_s": {k: round(v, 3) for k, v in sorted(self.store_s.items())},
                 "alerts_published": self.alerts.published if self.alerts else 0,
                 "alerts": self.election.describe() if self.election else None}
 

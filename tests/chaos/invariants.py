@@ -25,7 +25,7 @@ def history_violations(published: list[str], stored: Mapping[str, int],
                        settled: int | None = None) -> list[str]:
     """Every control event in the stream is there once and in the history
     table exactly once, and nothing is in the table that the stream does not
-    hold. The stream keeps growing (heartbeats): only its first ``settled``
+    hold. The stream keeps growing (the stack runs on): only its first ``settled``
     events must be stored already."""
     out = [f"event {i} is in the CONTROL stream {n} times"
            for i, n in Counter(published).items() if n > 1]

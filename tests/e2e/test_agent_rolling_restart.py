@@ -52,7 +52,7 @@ async def _rolling(stack: EmbeddedStack, tmp_path: Path, sig: int) -> None:
         assert isinstance(event, NodeHeartbeat) and event.node is not None
         beats[event.node] = event.data.pid
 
-    listener = await bus.nc.subscribe("safe.node.*.heartbeat", cb=on_beat)
+    listener = await bus.nc.subscribe("safe.live.*.heartbeat", cb=on_beat)
     try:
         async def all_ready() -> bool:
             nodes = await bucket(bus, "nodes")

@@ -3,9 +3,9 @@
 The real ``primus-safe failover`` process is restarted ten times against a
 real nats-server while three registered nodes beat slowly: they fall silent
 while failover is down and beat again only a while after it is back (within
-a deadline), one with a clock hours behind and one in 2099. The durable
-consumer replays every old beat on each start; none of that may quarantine
-a healthy node. Then a node that really stops, the one whose clock says
+a deadline), one with a clock hours behind and one in 2099. Beats sent
+while failover is down are heard by no one (core NATS); none of that may
+quarantine a healthy node. Then a node that really stops, the one whose clock says
 2099, is caught, and a beat from a name bootstrap never registered opens
 nothing."""
 
@@ -20,7 +20,14 @@ import nats.errors
 import pytest
 
 from libs.bus import CONTROL, Bus
-from libs.events import FaultOpened, HeartbeatData, NodeHeartbeat, parse_event
+from libs.events import (
+    BenchResult,
+    BenchResultData,
+    FaultOpened,
+    HeartbeatData,
+    NodeHeartbeat,
+    parse_event,
+)
 from tests.helpers import ready_nodes, start_service, stop_process, wait_healthy
 
 pytestmark = pytest.mark.timeout(300)
@@ -97,14 +104,18 @@ async def test_a_stamp_beyond_the_skew_is_flagged_in_health(
     proc = start_service("failover", [], nats_url, tmp_path, PRIMUS_CLOCK_SKEW_S="5", **ENV)
     try:
         await wait_healthy(bus, "failover", timeout=60)
-        for seq in range(3):
+        for seq in range(3):  # the agent's verdicts, stamped by its clock in 2099
             await _beat(bus, "gpu-3", seq)
+            await bus.publish(BenchResult(
+                source="bench-agent:gpu-3", node="gpu-3", time=datetime.now(UTC) + CLOCKS["gpu-3"],
+                data=BenchResultData(level="quick", passed=True, device="cpu", device_count=1,
+                                     duration_s=0.1)))
         for _ in range(50):
             health = await wait_healthy(bus, "failover")
             if health["skewed_stamps"].get("bench-agent:gpu-3") == 3:
                 break
             await asyncio.sleep(0.1)
         assert health["skewed_stamps"] == {"bench-agent:gpu-3": 3}
-        assert health["down"] == []  # flagged, and still alive: its beats were received
+        assert health["down"] == []  # flagged, and still alive: its beats were heard
     finally:
         assert stop_process(proc, tmp_path / "failover.log") == 0

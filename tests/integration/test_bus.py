@@ -19,18 +19,21 @@ from libs.bus import (
     dlq_subject,
 )
 from libs.events import (
+    AgentStoppingData,
     Event,
     HeartbeatData,
     LogRecord,
     LogRecordData,
+    NodeAgentStopping,
     NodeHeartbeat,
 )
 from libs.routes import Empty, Endpoint, Reply, Routes
 
 
-def beat(node: str = "n1", seq: int = 1, **kw: object) -> NodeHeartbeat:
-    return NodeHeartbeat(source="test", node=node,
-                         data=HeartbeatData(seq=seq, pid=1, interval_s=1.0), **kw)
+def note(node: str = "n1", seq: int = 1, **kw: object) -> NodeAgentStopping:
+    """A small CONTROL event, numbered by ``back_within_s``."""
+    return NodeAgentStopping(source="test", node=node,
+                             data=AgentStoppingData(back_within_s=seq, reason="test"), **kw)
 
 
 async def stream_count(bus: Bus, stream: str) -> int:
@@ -59,22 +62,44 @@ async def _streams(bus: Bus):  # type: ignore[no-untyped-def]
 
 
 async def test_publish_deduplicates_on_event_id(bus: Bus) -> None:
-    event = beat()
+    event = note()
     assert await bus.publish(event) is True
     assert await bus.publish(event) is False
     assert await stream_count(bus, "CONTROL") == 1
+
+
+async def test_a_heartbeat_goes_out_on_core_nats_and_no_stream_keeps_it(bus: Bus) -> None:
+    """Liveness is not history: a beat reaches who listens now, and nothing
+    stores it (12,500 nodes beat once a second)."""
+    heard: list[NodeHeartbeat] = []
+
+    async def on_beat(event: NodeHeartbeat) -> None:
+        heard.append(event)
+
+    await bus.listen(NodeHeartbeat, on_beat)
+    sent = NodeHeartbeat(source="test", node="n1",
+                         data=HeartbeatData(seq=7, pid=1, interval_s=1.0))
+    assert sent.subject == "safe.live.n1.heartbeat"
+    assert await bus.publish(sent) is True
+
+    async def done() -> bool:
+        return [e.id for e in heard] == [sent.id]
+
+    await wait_until(done)
+    for info in await bus.js.streams_info():
+        assert info.state.messages == 0, f"{info.config.name} kept a heartbeat"
 
 
 async def test_durable_consumer_handles_in_order_and_acks(bus: Bus) -> None:
     seen: list[int] = []
 
     async def handler(event: Event) -> None:
-        assert isinstance(event, NodeHeartbeat)
-        seen.append(event.data.seq)
+        assert isinstance(event, NodeAgentStopping)
+        seen.append(int(event.data.back_within_s))
 
     for i in range(1, 51):
-        await bus.publish(beat(seq=i))
-    bus.consume(durable="t1", subjects=["safe.node.*.heartbeat"], stream=CONTROL,
+        await bus.publish(note(seq=i))
+    bus.consume(durable="t1", subjects=["safe.node.*.agent_stopping"], stream=CONTROL,
                 handler=handler, batch=16)
 
     async def done() -> bool:
@@ -93,7 +118,7 @@ async def test_batches_come_with_stream_sequence(bus: Bus) -> None:
     async def on_batch(batch: list[tuple[Event, int]]) -> None:
         got.extend((e.id, seq) for e, seq in batch)
 
-    ids = [(await bus.publish(e), e.id)[1] for e in (beat(seq=i) for i in range(1, 11))]
+    ids = [(await bus.publish(e), e.id)[1] for e in (note(seq=i) for i in range(1, 11))]
     bus.consume(durable="t2", subjects=list(CONTROL.subjects), stream=CONTROL,
                 batch_handler=on_batch, batch=100)
 
@@ -110,11 +135,13 @@ async def test_malformed_message_is_dead_lettered_and_consumer_keeps_serving(bus
     async def handler(event: Event) -> None:
         seen.append(event.id)
 
-    await bus.js.publish("safe.node.n1.heartbeat", b'{"type": "node.heartbeat", "oops": 1}')
-    await bus.js.publish("safe.node.n1.heartbeat", b"\xff not json")
-    good = beat()
+    subject = "safe.node.n1.agent_stopping"
+    await bus.js.publish(subject, b'{"type": "node.agent_stopping", "oops": 1}')
+    await bus.js.publish(subject, b"\xff not json")
+    good = note()
     await bus.publish(good)
-    bus.consume(durable="t3", subjects=["safe.node.*.heartbeat"], stream=CONTROL, handler=handler)
+    bus.consume(durable="t3", subjects=["safe.node.*.agent_stopping"], stream=CONTROL,
+                handler=handler)
 
     async def done() -> bool:
         return seen == [good.id] and bus.stats.dead_lettered == 2
@@ -122,7 +149,7 @@ async def test_malformed_message_is_dead_lettered_and_consumer_keeps_serving(bus
     await wait_until(done)
     sub = await bus.js.pull_subscribe(dlq_subject("test"), stream=DEADLETTER.name)
     msgs = await sub.fetch(2, timeout=2)
-    assert {m.headers[ORIGIN_HEADER] for m in msgs} == {"safe.node.n1.heartbeat"}
+    assert {m.headers[ORIGIN_HEADER] for m in msgs} == {"safe.node.n1.agent_stopping"}
     reasons = [m.headers[REASON_HEADER] for m in msgs]
     assert all(r.startswith("invalid event:") for r in reasons)
     assert any("Field required" in r for r in reasons)
@@ -135,8 +162,8 @@ async def test_failing_handler_is_retried_then_dead_lettered(bus: Bus) -> None:
         calls.append(1)
         raise RuntimeError("disk full")
 
-    await bus.publish(beat())
-    bus.consume(durable="t4", subjects=["safe.node.*.heartbeat"], stream=CONTROL,
+    await bus.publish(note())
+    bus.consume(durable="t4", subjects=["safe.node.*.agent_stopping"], stream=CONTROL,
                 handler=handler, max_deliver=3)
 
     async def done() -> bool:
@@ -187,8 +214,8 @@ async def test_a_bus_with_a_route_table_refuses_what_the_table_does_not_name(
         bus: Bus) -> None:
     bus.routes = Routes("tester", "a test", publishes=(LogRecord,), calls=(ECHO,),
                         service_shell=False)
-    with pytest.raises(UndeclaredRoute, match="publishes node.heartbeat"):
-        await bus.publish(beat())
+    with pytest.raises(UndeclaredRoute, match="publishes node.agent_stopping"):
+        await bus.publish(note())
     with pytest.raises(UndeclaredRoute, match="serves safe.query.echo"):
         await bus.serve(ECHO, lambda _: None)  # type: ignore[arg-type,return-value]
     with pytest.raises(UndeclaredRoute, match="calls safe.query.other"):
@@ -213,14 +240,15 @@ async def test_nothing_the_bus_sends_can_exceed_the_servers_limit(bus: Bus) -> N
     await bus.serve(Endpoint("safe.query.huge", Empty, Reply, "too much"), huge)
     reply = await bus.request("safe.query.huge")
     assert reply["ok"] is False and "over the bus's limit" in reply["error"]
-    assert bus.nc.is_connected and await bus.publish(beat())  # still connected and serving
+    assert bus.nc.is_connected and await bus.publish(note())  # still connected and serving
 
 
 async def test_close_drains_pending_publishes(nats_url: str) -> None:
     writer = await Bus.connect(nats_url, "w")
     await writer.ensure_topology()
     for i in range(100):
-        await writer.nc.publish("safe.node.n1.heartbeat", beat(seq=i).model_dump_json().encode())
+        event = note(seq=i)
+        await writer.nc.publish(event.subject, event.model_dump_json().encode())
     await writer.close()
     reader = await Bus.connect(nats_url, "r")
     try:

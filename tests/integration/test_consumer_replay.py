@@ -7,25 +7,26 @@ from __future__ import annotations
 import asyncio
 
 from libs.bus import CONTROL, Bus
-from libs.events import Event, HeartbeatData, NodeHeartbeat
+from libs.events import AgentStoppingData, Event, NodeAgentStopping
 from tests.helpers import until
 
 
-def beat(seq: int) -> NodeHeartbeat:
-    return NodeHeartbeat(source="test", node="n1", data=HeartbeatData(seq=seq, pid=1,
-                                                                      interval_s=1.0))
+def beat(seq: int) -> NodeAgentStopping:
+    """A small CONTROL event, numbered by ``back_within_s``."""
+    return NodeAgentStopping(source="test", node="n1",
+                             data=AgentStoppingData(back_within_s=seq, reason="test"))
 
 
 async def test_a_new_durable_starts_replay_s_back_and_an_old_one_goes_on(bus: Bus) -> None:
     seen: list[int] = []
 
     async def handler(event: Event) -> None:
-        assert isinstance(event, NodeHeartbeat)
-        seen.append(event.data.seq)
+        assert isinstance(event, NodeAgentStopping)
+        seen.append(int(event.data.back_within_s))
 
     def consume() -> object:
         group = bus.group()
-        group.consume(durable="replayed", subjects=["safe.node.n1.heartbeat"], stream=CONTROL,
+        group.consume(durable="replayed", subjects=["safe.node.n1.agent_stopping"], stream=CONTROL,
                       handler=handler, replay_s=0.5)
         return group
 
@@ -34,14 +35,14 @@ async def test_a_new_durable_starts_replay_s_back_and_an_old_one_goes_on(bus: Bu
     await bus.publish(beat(2))
     group = consume()
     await bus.publish(beat(3))
-    await until(lambda: asyncio.sleep(0, len(seen) >= 2), "the recent beats")
+    await until(lambda: asyncio.sleep(0, len(seen) >= 2), "the recent events")
     await bus.stop_group(group)  # type: ignore[arg-type]
     assert seen == [2, 3]
 
     await bus.publish(beat(4))
     await asyncio.sleep(1.5)  # older than replay_s, yet after where the durable was
     group = consume()
-    await until(lambda: asyncio.sleep(0, len(seen) >= 3), "the beat sent while away")
+    await until(lambda: asyncio.sleep(0, len(seen) >= 3), "the event sent while away")
     await bus.stop_group(group)  # type: ignore[arg-type]
     assert seen == [2, 3, 4]
     info = await bus.js.consumer_info(CONTROL.name, "replayed")

@@ -37,6 +37,7 @@ from libs.events import (
 from libs.leader import LEASES_BUCKET, LeaderElection
 from libs.nats_permissions import password_env, render_users
 from libs.routes import Empty, Endpoint, Reply, Routes, event_subject, health_endpoint
+from libs.topology import stream_of
 from tests.deploy.pki import make_pki
 
 ADMIN = "admin"  # the test's own eyes: sees and seeds everything
@@ -130,9 +131,17 @@ async def _exercise(r: Routes, secured: SecuredNats, admin: Bus) -> None:
             probe = await _as(secured, r.service)  # `primus-safe health` with the pod's user
             assert (await probe.request(health.subject, timeout_s=10))["ok"]
             await probe.close()
-        # Publish every event it owns, durably (JetStream acks it).
+        # Publish every event it owns, durably (JetStream acks it); a live
+        # one (a heartbeat, core NATS) must reach a listener.
         for cls in r.publishes:
-            ack = await bus.js.publish(concrete(event_subject(cls)), b"{}", timeout=10)
+            subject = concrete(event_subject(cls))
+            if stream_of(subject) is None:
+                heard = await admin.nc.subscribe(subject, max_msgs=1)
+                await admin.flush()
+                await bus.nc.publish(subject, b"{}")
+                assert (await heard.next_msg(timeout=10)).data == b"{}", (r.service, cls)
+                continue
+            ack = await bus.js.publish(subject, b"{}", timeout=10)
             assert ack.seq > 0, (r.service, cls.__name__)
         for bucket in dict.fromkeys([*r.reads, *r.owns]):
             records = await bus.records(bucket)

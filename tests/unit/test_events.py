@@ -54,7 +54,7 @@ def test_round_trip_keeps_type_and_fields() -> None:
 def test_subjects_follow_the_contract() -> None:
     hb = NodeHeartbeat(source="a", node="gpu-07", data=HeartbeatData(seq=1, pid=1, interval_s=1))
     job = JobSubmitted(source="cli", job="j-42", data=JobSubmittedData(spec=SPEC))
-    assert hb.subject == "safe.node.gpu-07.heartbeat"
+    assert hb.subject == "safe.live.gpu-07.heartbeat"
     assert job.subject == "safe.job.j-42.submitted"
 
 

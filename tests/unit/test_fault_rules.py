@@ -96,6 +96,27 @@ def test_after_a_start_every_node_gets_a_full_deadline_whatever_was_replayed() -
     assert [m.node for m in monitor.check(started + 3.2)] == ["gpu-1"]
 
 
+def test_a_check_scans_only_the_silent_and_a_stalled_judge_judges_no_one() -> None:
+    from services.failover.rules import HeartbeatMonitor
+
+    monitor = HeartbeatMonitor(interval_s=1.0, missed=3)
+    for i in range(1000):
+        monitor.watch(f"gpu-{i:04d}", now=0.0, heard=True)
+    for t in (1.0, 2.0, 3.0):  # all beat but gpu-0007, in whatever order they arrive
+        for i in reversed(range(1000)):
+            if i != 7:
+                monitor.beat(f"gpu-{i:04d}", at=t + i / 10_000)
+    assert list(monitor.last_seen)[0] == "gpu-0007"  # the silent one leads the arrival order
+    assert [m.node for m in monitor.check(3.05)] == ["gpu-0007"]
+    # Nobody beats for a while because the judge itself stood still (its
+    # process paused 4 s): past stall_s late, the silence is its own.
+    assert monitor.check(7.2, late_s=4.1) == []
+    assert monitor.check(9.0) == []  # a full deadline from when it could hear again
+    assert len(monitor.check(10.3)) == 999  # now they really are silent
+    monitor.beat("gpu-0001", at=10.4)
+    assert list(monitor.last_seen)[-1] == "gpu-0001"
+
+
 def test_every_fault_of_a_job_closes_when_the_job_ends() -> None:
     book = FaultBook(FailoverRules())
     hang = book.observe("alert:job_hang", "job-1", bad=True, now=10.0)

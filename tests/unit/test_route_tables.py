@@ -21,7 +21,7 @@ from cli.catalog import (
     readme_with_table,
     role,
 )
-from libs.events import JobPlaced, JobSubmitted, NodeHeartbeat
+from libs.events import JobPlaced, JobSubmitted
 from libs.nats_permissions import (
     CHART_FILE,
     HEADER,
@@ -76,7 +76,7 @@ def test_a_table_naming_a_missing_or_mistyped_handler_is_refused() -> None:
         bind(Routes("t", "test", consumes=(consumer,)), Service)
     with pytest.raises(RouteMismatch, match="request is AdmissionRequest"):
         bind(Routes("t", "test", serves=(Serve(ADMISSION, "on_admission"),)), Service)
-    missing = Consumer("t", CONTROL, (On(NodeHeartbeat, "on_beat"),))
+    missing = Consumer("t", CONTROL, (On(JobPlaced, "on_placed"),))
     with pytest.raises(RouteMismatch, match="no async method of that name"):
         bind(Routes("t", "test", consumes=(missing,)), Service)
     with pytest.raises(ValueError, match="named on_<what>"):

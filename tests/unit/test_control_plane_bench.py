@@ -1,0 +1,66 @@
+"""bench/control_plane.py's own logic: what a burst holds (a killed node
+sends nothing), unique telemetry ids, and the largest size each service
+kept up with."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+BENCH = Path(__file__).resolve().parents[2] / "bench"
+
+
+def _load(name: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+cp = _load("control_plane")
+
+
+def _subjects(frames: bytes) -> list[str]:
+    return [s.decode() for s in re.findall(rb"^HPUB (\S+) ", frames, flags=re.M)]
+
+
+def test_a_burst_holds_its_nodes_beat_and_telemetry_and_nothing_of_the_killed() -> None:
+    fleet = cp.Fleet.make(45)
+    beats, telemetry = fleet.burst(second=3, part=2, due=1_800_000_000.0)
+    mine = [f"sim-{i:05d}" for i in range(2, 45, cp.SLICES)]
+    assert _subjects(beats) == [f"safe.live.{n}.heartbeat" for n in mine]
+    assert _subjects(telemetry) == [f"safe.telemetry.node.{n}" for n in mine]
+    ids = re.findall(rb"Nats-Msg-Id: (\S+)\r\n", telemetry)
+    assert len(set(ids)) == len(mine) and all(len(i) == 32 for i in ids)
+    assert b"2027-01-15T08:00:00" in telemetry  # stamped with the burst's due time
+
+    fleet.killed.add(22)
+    beats, telemetry = fleet.burst(second=4, part=2, due=1_800_000_001.0)
+    assert "safe.live.sim-00022.heartbeat" not in _subjects(beats)
+    assert "safe.telemetry.node.sim-00022" not in _subjects(telemetry)
+    assert len(_subjects(beats)) == len(mine) - 1
+
+
+def _run(nodes: int, lags: dict[str, tuple[str, float]], detected: bool = True) -> dict[str, Any]:
+    return {"nodes": nodes,
+            "consumers": {name: {"service": svc, "lag_p99_s": lag}
+                          for name, (svc, lag) in lags.items()},
+            "goals": {"detection_p99_le_3s": detected, "no_wrong_faults": True}}
+
+
+def test_a_service_keeps_up_to_the_largest_size_before_its_first_miss() -> None:
+    runs = [
+        _run(5000, {"lens-telemetry": ("lens-collector", 0.9), "failover": ("failover", 0.0)}),
+        _run(12500, {"lens-telemetry": ("lens-collector", 1.6), "failover": ("failover", 0.1)},
+             detected=False),
+        _run(20000, {"lens-telemetry": ("lens-collector", 9.0), "failover": ("failover", 0.1)}),
+    ]
+    assert cp.keeps_up(runs) == {"lens-collector": 12500, "failover": 5000}
+    assert cp.keeps_up(runs[1:]) == {"lens-collector": 12500, "failover": 0}
+    assert cp.pct([3.0, 1.0, 2.0], 0.5) == 2.0 and cp.pct([], 0.99) == 0.0
