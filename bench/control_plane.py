@@ -7,7 +7,7 @@ process then stands in for N more nodes, from one lean publisher
 (``libs.natsfast``, raw frames, no acks awaited):
 
 - every node's heartbeat (core NATS, ``safe.live``) and its agent-shaped
-  node telemetry (8 GPUs, NICs, disks: 3.9 KB) once a second, spread over
+  node telemetry (8 GPUs, NICs, disks: 2.1 KB) once a second, spread over
   the second;
 - its registration and state as bootstrap announces them (ready, cordoned,
   so the scheduler holds them but places nothing there), then a trickle of
@@ -87,6 +87,7 @@ from libs.topology import CONTROL, TELEMETRY  # noqa: E402
 SLICES = 20  # bursts a second: each node beats in its own twentieth of the second
 GOAL_LAG_P99_S = 2.0
 GOAL_DETECTION_P99_S = 3.0
+GOAL_JUDGE_DELAY_P99_S = 0.25  # failover keeps up: faults open this soon after the deadline
 GOAL_CONTROL_BYTES_PER_DAY = 1e9
 GB = 1e9
 # The stack runs the default settings: a node is down after interval x missed.
@@ -278,6 +279,17 @@ async def stream_bytes(bus: Bus) -> dict[str, int]:
             for name in (CONTROL.name, TELEMETRY.name)}
 
 
+def du(path: Path) -> int:
+    """Bytes of the files under ``path`` (ClickHouse's parts; merges make it
+    move in steps, so it is read over the whole window)."""
+    total = 0
+    for f in path.rglob("*"):
+        with contextlib.suppress(OSError):  # a part merged away meanwhile
+            if f.is_file():
+                total += f.stat().st_size
+    return total
+
+
 def service_of(durable: str) -> str:
     """The service a durable belongs to (``libs/routes``' names)."""
     for prefix, service in (("failover", "failover"), ("lens", "lens-collector"),
@@ -330,8 +342,10 @@ async def one_size(n: int, args: argparse.Namespace, tmp: Path) -> dict[str, Any
         series: dict[str, ConsumerSeries] = {}
         pids = {"nats-server": stack.nats.proc.pid if stack.nats.proc else 0,
                 **{name: p.pid for name, p in stack.procs.items()}}
+        store = stack.state_dir / "clickhouse"
         cpu0, bytes0, t0 = {k: cpu_seconds(p) for k, p in pids.items()}, await stream_bytes(bus), \
             time.time()
+        disk0 = du(store)
         me0 = time.process_time()
         sampler = asyncio.create_task(sample_consumers(bus, series, stop_window))
         trickler = asyncio.create_task(trickle(bus, fleet, args.state_changes, args.job_every,
@@ -349,6 +363,7 @@ async def one_size(n: int, args: argparse.Namespace, tmp: Path) -> dict[str, Any
         cpu = {k: (cpu_seconds(p) - cpu0[k]) / elapsed for k, p in pids.items()}
         cpu["publisher (this process)"] = (time.process_time() - me0) / elapsed
         grown = {k: v - bytes0[k] for k, v in (await stream_bytes(bus)).items()}
+        grown["ClickHouse (on disk)"] = du(store) - disk0
         collector = await bus.request("safe.health.lens-collector", timeout_s=10)
         # Detection may still be under way for the last ones: give it the deadline again.
         names = {fleet.names[i] for i in victims}
@@ -455,15 +470,18 @@ async def _caught_up(bus: Bus) -> bool:
 def keeps_up(results: list[dict[str, Any]]) -> dict[str, int]:
     """Per service, the largest N up to which it kept up at every size tried:
     every consumer of it with lag p99 within the goal (failover also: every
-    kill detected within 3 s, no healthy node faulted). 0: not even the
-    smallest."""
+    kill detected, no healthy node faulted, and its judge no more than
+    GOAL_JUDGE_DELAY_P99_S past the deadline: how far past 3 s detection
+    lands is the deadline's doing, not load's). 0: not even the smallest."""
     kept: dict[str, list[tuple[int, bool]]] = {}
     for r in sorted(results, key=lambda r: r["nodes"]):
         ok: dict[str, bool] = {}
         for c in r["consumers"].values():
             ok[c["service"]] = ok.get(c["service"], True) and c["lag_p99_s"] <= GOAL_LAG_P99_S
-        ok["failover"] = ok.get("failover", True) and r["goals"]["detection_p99_le_3s"] \
-            and r["goals"]["no_wrong_faults"]
+        d = r["detection"]
+        ok["failover"] = ok.get("failover", True) and r["goals"]["no_wrong_faults"] \
+            and d["detected"] == d["killed"] \
+            and (d["after_deadline_p99_s"] or 0.0) <= GOAL_JUDGE_DELAY_P99_S
         for service, good in ok.items():
             kept.setdefault(service, []).append((r["nodes"], good))
     out = {}
@@ -519,7 +537,8 @@ def main() -> int:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     largest = keeps_up(results)
-    _print("\nlargest N kept up with (lag p99 ≤ 2 s; failover: detection p99 ≤ 3 s): "
+    _print("\nlargest N kept up with (lag p99 ≤ 2 s; failover: faults within 0.25 s of the "
+           "deadline): "
            + ", ".join(f"{k} {v:,}" for k, v in sorted(largest.items())))
     target = next((r for r in results if r["nodes"] == max(sizes)), results[-1])
     _print(json.dumps({"control_plane": results, "largest_nodes_kept_up": largest,

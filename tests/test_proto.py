@@ -26,7 +26,10 @@ def test_asyncapi_names_a_stream_for_every_channel() -> None:
     assert doc["asyncapi"].startswith("3.")
     events = {k: ch for k, ch in doc["channels"].items() if "x-stream" in ch}
     assert all(ch["x-stream"] in {"CONTROL", "TELEMETRY"} for ch in events.values())
-    assert doc["channels"]["node_heartbeat"]["address"] == "safe.node.{node}.heartbeat"
+    # Heartbeats are the one event no stream keeps: core NATS, and said so.
+    beat = doc["channels"]["node_heartbeat"]
+    assert beat["address"] == "safe.live.{node}.heartbeat" and "x-stream" not in beat
+    assert "outside every stream" in beat["description"]
     # Endpoints are channels too, with their request and reply messages.
     assert doc["channels"]["query_scheduler_admission"]["address"] == \
         "safe.query.scheduler.admission"

@@ -123,7 +123,7 @@ class BeatListener(threading.Thread):
             event = json.loads(msg.data)
             self.first.setdefault((event["node"], event["data"]["pid"]), time.monotonic())
 
-        await bus.nc.subscribe("safe.node.*.heartbeat", cb=on_beat)
+        await bus.nc.subscribe("safe.live.*.heartbeat", cb=on_beat)
         self.connected.set()
         while not self.done.is_set():
             await asyncio.sleep(0.1)
