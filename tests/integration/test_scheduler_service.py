@@ -12,6 +12,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -161,3 +162,40 @@ async def test_a_lost_end_of_job_is_published_again_on_a_redelivered_exit(
         proc.send_signal(signal.SIGTERM)
         await asyncio.to_thread(proc.wait, 30)
         reap_all(state)
+
+
+async def test_a_node_state_that_changes_nothing_placed_wakes_no_cycle(
+        nats_url: str, bus: Bus, tmp_path: Path) -> None:
+    """At 12,500 nodes bootstrap's notes (a new reason, the same state) come
+    several a second; each used to cost a cycle over every node. A change
+    that matters (a cordon) still wakes one at once."""
+    from libs.events import NodeStateChanged, NodeStateData
+    from tests.helpers import wait_healthy
+
+    await ready_nodes(bus, {"n1": (1, "r1")})
+    proc = scheduler(nats_url, tmp_path / "state", tmp_path / "sched.log")
+    try:
+        await until(lambda: wait_healthy(bus, "scheduler", timeout=2), "the scheduler", 60)
+
+        async def ready() -> bool:
+            return (await wait_healthy(bus, "scheduler"))["nodes_ready"] == 1
+
+        await until(ready, "the node ready in the scheduler")
+        before, t0 = (await wait_healthy(bus, "scheduler"))["cycles"], time.monotonic()
+        for i in range(20):  # farther apart than cycles are coalesced
+            await bus.publish(NodeStateChanged(source="test", node="n1", data=NodeStateData(
+                state="ready", reason=f"re-benched, passed ({i})")))
+            await asyncio.sleep(0.15)
+        cycles = (await wait_healthy(bus, "scheduler"))["cycles"] - before
+        assert cycles <= time.monotonic() - t0 + 2  # the once-a-second cycle, nothing more
+        cordon_at = (await wait_healthy(bus, "scheduler"))["cycles"]
+        await bus.publish(NodeStateChanged(source="test", node="n1", data=NodeStateData(
+            state="ready", reason="operator", schedulable=False)))
+
+        async def woke() -> bool:
+            return (await wait_healthy(bus, "scheduler"))["cycles"] > cordon_at
+
+        await until(woke, "a cycle for the cordon", timeout=5)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        await asyncio.to_thread(proc.wait, 30)
