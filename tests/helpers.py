@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib.util
 import json
 import os
 import shutil
@@ -13,6 +14,7 @@ import sys
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 from libs.bus import Bus
@@ -150,3 +152,14 @@ async def running_collector(nats_url: str, clickhouse_dsn: str, database: str,
         await bus.stop_consuming()
         await service.stop()
         await bus.close()
+
+
+def load_bench(name: str) -> ModuleType:
+    """``bench/<name>.py`` as a module (the benchmarks are scripts, not a
+    package), for tests of their own logic."""
+    spec = importlib.util.spec_from_file_location(name, ROOT / "bench" / f"{name}.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
