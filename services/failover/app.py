@@ -162,8 +162,10 @@ class Failover:
                 self._back[node] = at
 
     async def _settle_back(self) -> None:
-        back, self._back = self._back, {}
-        for node, at in back.items():
+        for node in list(self._back):
+            # Taken off first: its decision is queued by ``_act`` before any
+            # send, so an outage keeps it, and the others wait for the next tick.
+            at = self._back.pop(node)
             if self.suspects.pop(node, None) is not None:
                 self._log.info("agent back; its node was never evacuated", node=node)
             await self._act(self.book.observe("heartbeat_missed", node, bad=False, now=at))
