@@ -69,7 +69,13 @@ class BeatListener:
             self._sub = await self._bus.listen(NodeHeartbeat, self._on_msg, raw=True)
             return
         self._task = asyncio.create_task(self._run(), name=f"{self._name}:read")
-        await asyncio.wait_for(self._ready.wait(), timeout_s)
+        try:
+            await asyncio.wait_for(self._ready.wait(), timeout_s)
+        except TimeoutError:
+            await cancel_and_wait([self._task])
+            self._task = None
+            raise ConnectionError(f"no NATS server took the heartbeat subscription "
+                                  f"({self.subject}) within {timeout_s:.0f} s") from None
 
     async def stop(self) -> None:
         await cancel_and_wait([self._task])

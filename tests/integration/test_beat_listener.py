@@ -8,6 +8,8 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+import pytest
+
 from libs.beats import BeatListener
 from libs.bus import Bus
 from libs.embedded import NatsServer
@@ -49,3 +51,13 @@ async def test_beats_are_heard_by_node_and_the_listener_comes_back_after_a_crash
         await listener.stop()
         await bus.close()
         server.stop()
+
+
+async def test_no_server_is_a_clear_error_not_a_silent_judge() -> None:
+    class Unreachable:
+        url, token, nc = "nats://127.0.0.1:1", None, None
+
+    listener = BeatListener(Unreachable(), lambda nodes, at: None)
+    with pytest.raises(ConnectionError, match=r"heartbeat subscription \(safe.live.\*.heartbeat\)"):
+        await listener.start(timeout_s=1.0)
+    assert not listener.connected
