@@ -36,7 +36,9 @@ BeatsCallback = Callable[[list[str], float], None]
 
 class BeatListener:
     """Calls ``on_beats(nodes, at)`` for the beats of one read (``at``: the
-    moment they were read, on this process's clock)."""
+    moment they were read, on this process's clock). ``bus`` is the
+    service's ``libs.bus.Bus``: its ``url`` and ``token`` (the lean
+    connection's), its client and ``listen`` (the nats-py path)."""
 
     def __init__(self, bus: Any, on_beats: BeatsCallback, *, name: str = "beats") -> None:
         self._bus, self._on_beats, self._name = bus, on_beats, name
