@@ -94,6 +94,9 @@ async def one_run(stack: EmbeddedStack) -> dict[str, float]:
 
 
 def pct(values: list[float], q: float) -> float:
+    """The ``q`` quantile by nearest rank (0 for no values)."""
+    if not values:
+        return 0.0
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 

@@ -46,7 +46,6 @@ class BeatListener:
         head, _, tail = self.subject.partition("*")
         self._head, self._tail = head.encode(), tail.encode()
         self.heard = 0  # beats handed over
-        self.malformed = 0  # messages on the subject that name no node
         self.connects = 0
         self._lean = bool(bus.url) and all(natsfast.supported(u) for u in _servers(bus.url))
         self._up = False
@@ -87,22 +86,16 @@ class BeatListener:
         self._task = self._sub = None
         self._up = False
 
-    def node_of(self, subject: bytes) -> str | None:
-        if subject.startswith(self._head) and subject.endswith(self._tail):
-            node = subject[len(self._head):len(subject) - len(self._tail)]
-            if node and b"." not in node:
-                return node.decode()
-        return None
+    def node_of(self, subject: bytes) -> str:
+        """The node of a beat's subject: what the subscription's ``*`` matched
+        (the server delivers nothing else on it)."""
+        return subject[len(self._head):len(subject) - len(self._tail)].decode()
 
     # ------------------------------------------------------------------ nats-py
 
     async def _on_msg(self, msg: Any) -> None:
-        node = self.node_of(msg.subject.encode())
-        if node is None:
-            self.malformed += 1
-            return
         self.heard += 1
-        self._on_beats([node], time.time())
+        self._on_beats([self.node_of(msg.subject.encode())], time.time())
 
     # ------------------------------------------------------------------ lean
 
@@ -157,11 +150,7 @@ class BeatListener:
                 end = eol + 2 + int(parts[-1])
                 if end + 2 > size:
                     return pos, nodes  # the rest of this frame has not arrived yet
-                node = self.node_of(bytes(parts[1]))
-                if node is None:
-                    self.malformed += 1
-                else:
-                    nodes.append(node)
+                nodes.append(self.node_of(bytes(parts[1])))
                 pos = end + 2
                 continue
             if buf.startswith(b"PING", pos):

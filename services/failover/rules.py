@@ -111,7 +111,7 @@ class HeartbeatMonitor:
             deadline = max(self.deadline_s, self.first_beat_grace_s) if node in self.unheard \
                 else self.deadline_s
             heard_from = max(seen, self.deaf_until, self.quiet_until.get(node, seen))
-            if node not in self.down and now - heard_from > deadline:
+            if now - heard_from > deadline:
                 self.down.add(node)
                 found.append(MissedHeartbeat(node, seen, overdue))
         return found

@@ -225,20 +225,20 @@ class Scheduler:
             node = self.state.nodes.get(event.node)
             if node is not None:
                 data = event.data
+                before = (node.state, node.cordoned, node.degraded)
+                node.state = data.state
+                node.cordoned = not data.schedulable  # an operator's hold
+                node.degraded = data.degraded
                 # A new reason alone changes no placement: at 12,500 nodes
                 # such notes would otherwise each cost a cycle.
-                wake.cycle = data.drain or (node.state, node.cordoned, node.degraded) != (
-                    data.state, not data.schedulable, data.degraded)
-                node.state = event.data.state
-                node.cordoned = not event.data.schedulable  # an operator's hold
-                node.degraded = event.data.degraded
+                wake.cycle = data.drain or (node.state, node.cordoned, node.degraded) != before
                 fact: lifecycle.Fact | None = None
                 if node.state != "ready":
                     # A node left service: its gangs stop and are re-placed
                     # first in the queue, preferring their healthy nodes.
-                    fact = lifecycle.NodeLost(event.node, event.data.reason)
-                elif event.data.drain:
-                    fact = lifecycle.Drain(event.node, event.data.reason)
+                    fact = lifecycle.NodeLost(event.node, data.reason)
+                elif data.drain:
+                    fact = lifecycle.Drain(event.node, data.reason)
                 if fact is not None:
                     for job in list(self.state.jobs.values()):
                         await self._apply(job, fact)

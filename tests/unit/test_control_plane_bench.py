@@ -52,3 +52,11 @@ def test_a_service_keeps_up_to_the_largest_size_before_its_first_miss() -> None:
     assert cp.keeps_up(runs) == {"lens-collector": 12500, "failover": 5000}
     assert cp.keeps_up(runs[1:]) == {"lens-collector": 12500, "failover": 0}
     assert cp.pct([3.0, 1.0, 2.0], 0.5) == 2.0 and cp.pct([], 0.99) == 0.0
+
+
+def test_a_durable_is_named_after_the_service_whose_route_table_declares_it() -> None:
+    assert cp.service_of("lens-telemetry") == "lens-collector"
+    assert cp.service_of("failover-steps") == "failover"
+    assert cp.service_of("bench-agent-jobs-gpu-07") == "bench-agent"  # one per node
+    assert cp.service_of("bench-coordinator") == "bench-coordinator"
+    assert cp.service_of("someone-elses") == "someone-elses"
