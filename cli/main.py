@@ -188,6 +188,9 @@ def build_parser() -> argparse.ArgumentParser:
     up = sub.add_parser("up", help="run the embedded stack in the foreground")
     up.add_argument("--nodes", type=int, default=4)
     up.add_argument("--state-dir", default=None, help="default: PRIMUS_STATE_DIR or .primus")
+    up.add_argument("--nats-cluster", type=int, choices=(1, 3, 5), default=1, metavar="N",
+                    help="nats-servers: 1 (default), or a cluster of 3 or 5 on loopback "
+                    "with every stream and bucket at 3 replicas")
     demo = sub.add_parser("demo", help="up + onboard + train + inject a fault + recover")
     demo.add_argument("--nodes", type=int, default=5)
     demo.add_argument("--job", default="examples/job.yaml", help="the job using the SDK")

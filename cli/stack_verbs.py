@@ -56,7 +56,8 @@ def up(args: argparse.Namespace) -> int:
     restarted with backoff (logged and counted in stack.json); Ctrl-C or
     SIGTERM stops everything, training workers included."""
     configure("up")  # the supervisor's lines: JSON on stderr, like every service
-    stack = EmbeddedStack(_state_dir(args, ".primus"), nodes=args.nodes)
+    stack = EmbeddedStack(_state_dir(args, ".primus"), nodes=args.nodes,
+                          nats_cluster=args.nats_cluster)
     stop = False
 
     def _stop(*_: Any) -> None:
@@ -66,7 +67,9 @@ def up(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGINT, _stop)
     try:
-        with console.status("starting nats-server, services and local nodes"):
+        servers = "nats-server" if args.nats_cluster == 1 else \
+            f"a cluster of {args.nats_cluster} nats-servers"
+        with console.status(f"starting {servers}, services and local nodes"):
             try:
                 stack.start()
             except (StackBusy, StackFileError) as exc:
@@ -124,8 +127,11 @@ async def _wait_nodes_ready(stack: EmbeddedStack, timeout_s: float,
             if stop():
                 return -1  # Ctrl-C while starting: up stops, no error
             stack.supervise()  # a child that dies while we wait is restarted too
-            nodes = {n.name: n.state for n in
-                     (await read_bucket(bus, NODES, missing_ok=True)).values()}
+            try:
+                nodes = {n.name: n.state for n in
+                         (await read_bucket(bus, NODES, missing_ok=True)).values()}
+            except CliError:  # JetStream still starting (a cluster electing its leader)
+                return 0
             alive = live()
             done = [n for n in stack.node_names if nodes.get(n) == "ready" and n in alive]
             return len(done) if len(done) == len(stack.node_names) else 0

@@ -25,6 +25,7 @@ from typing import Any
 from libs import natsfast
 from libs.events import NodeHeartbeat
 from libs.logs import get_logger
+from libs.nats_urls import servers as nats_servers
 from libs.routes import event_subject
 from libs.tasks import cancel_and_wait
 
@@ -47,7 +48,7 @@ class BeatListener:
         self._head, self._tail = head.encode(), tail.encode()
         self.heard = 0  # beats handed over
         self.connects = 0
-        self._lean = bool(bus.url) and all(natsfast.supported(u) for u in _servers(bus.url))
+        self._lean = bool(bus.url) and natsfast.supported_all(bus.url)
         self._up = False
         self._ready = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -100,9 +101,11 @@ class BeatListener:
     # ------------------------------------------------------------------ lean
 
     async def _run(self) -> None:
-        servers = _servers(self._bus.url)
-        attempt, said = 0, False
+        attempt, said, first = 0, False, self._bus.url or ""
         while True:
+            # The servers the main client knows now: a cluster's members it
+            # was told of, and those the cluster announced since.
+            servers = nats_servers(self._bus.url or first)
             url = servers[attempt % len(servers)]
             attempt += 1
             try:
@@ -162,7 +165,3 @@ class BeatListener:
             elif buf.startswith(b"-ERR", pos):
                 raise ConnectionError(bytes(buf[pos:eol]).decode(errors="replace"))
             pos = eol + 2  # +OK, INFO
-
-
-def _servers(url: str) -> list[str]:
-    return [u.strip() for u in url.split(",") if u.strip()]

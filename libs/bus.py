@@ -32,7 +32,6 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
-from urllib.parse import quote, urlsplit, urlunsplit
 
 import nats
 import nats.errors
@@ -59,6 +58,7 @@ from libs.consume import (
 from libs.events import Event, encode_event, parse_event
 from libs.kv import Records
 from libs.logs import get_logger
+from libs.nats_urls import servers, split_login, with_login
 from libs.records import BUCKETS, BucketSpec, R
 from libs.routes import Endpoint, Reply, Routes, event_subject
 from libs.topology import (  # noqa: F401  (the bus's names for them)
@@ -85,6 +85,9 @@ BODY_SHA256_HEADER = "Primus-Body-Sha256"  # and the digest of the whole body
 MAX_REASON_CHARS = 1000
 # Room left under the server's limit for the protocol's own framing.
 PAYLOAD_MARGIN = 64
+# JetStream's "insufficient resources": a cluster that has not yet heard
+# from enough of its members to place a replicated stream.
+INSUFFICIENT_RESOURCES = 10023
 # How long a stop waits for requests being answered.
 STOP_WAIT_S = 5.0
 E = TypeVar("E", bound=Event)
@@ -208,12 +211,14 @@ class Bus:
 
     def __init__(self, nc: Client, service: str, *, broker: NatsBroker | None = None,
                  url: str | None = None, token: str | None = None, link: Link | None = None,
-                 routes: Routes | None = None) -> None:
+                 routes: Routes | None = None, login: tuple[str, str | None] | None = None
+                 ) -> None:
         self.nc = nc
         self.broker = broker
         self.link = link or Link(state="connected")
         self.clock_skew_s = 30.0  # see Settings.clock_skew_s
-        self.url, self.token = url, token  # for a hot consumer's own connection
+        # For the lean connections (a hot consumer's, failover's heartbeats).
+        self._lean_url, self._login, self.token = url, login, token
         self.js = nc.jetstream()
         self.service = service
         self.routes = routes
@@ -222,6 +227,19 @@ class Bus:
         self._groups: list[Consumers] = [self.consumers]
         self._served: set[Served] = set()
         self._log = get_logger(component="bus")
+
+    @property
+    def url(self) -> str | None:
+        """Where a lean connection (``libs.natsfast``) may go: every server
+        the client knows now, those configured and those a cluster announced
+        (so a lean connection given one URL still finds the others when its
+        server dies), with the login in each; None when there is no lean
+        path (TLS, or a login a URL cannot carry as is)."""
+        if self._lean_url is None:
+            return None
+        known = ",".join(f"{u.scheme}://{u.netloc}" for u in self.nc.servers) or self._lean_url
+        known = split_login(known)[0]
+        return with_login(known, *self._login) if self._login else known
 
     # ------------------------------------------------------------------ setup
 
@@ -237,6 +255,13 @@ class Bus:
         the bus holds the caller to its route table from the start."""
         link = Link()
         log = get_logger(component="bus")
+        shown = shown_url(url)
+        url, url_user, url_password = split_login(url)
+        if url_user is not None and not (token or user):
+            if url_password is None:
+                token = url_user  # nats://TOKEN@host, as nats-py reads it
+            else:
+                user, password = url_user, url_password
 
         async def _error(exc: Exception) -> None:
             if link.state != "connecting":  # a first connect that fails says so once, below
@@ -282,7 +307,7 @@ class Bus:
         else:
             security = NatsSecurity(ssl_context=tls)
         broker = NatsBroker(
-            url,
+            servers(url),  # every server of a cluster: the first reachable one is used
             name=service,
             security=security,
             connect_timeout=2,
@@ -308,28 +333,38 @@ class Bus:
             # says more than the client's "no servers available".
             why = link.reason if link.reason and link.reason not in str(exc) else ""
             raise ConnectionError(
-                f"cannot reach NATS at {shown_url(url)}: {exc}{f' ({why})' if why else ''}; "
+                f"cannot reach NATS at {shown}: {exc}{f' ({why})' if why else ''}; "
                 "start it (primus-safe up) or set PRIMUS_NATS_URL"
             ) from exc
         link.state, link.reason = "connected", ""
-        # The hot consumer's lean connection (libs.natsfast) speaks plain TCP
-        # and takes a user from the URL: no fast path over TLS.
-        fast_url: str | None = url
-        if tls is not None:
-            fast_url = None
-        elif user:
-            auth = user + (f":{password}" if password else "")
-            parts = urlsplit(url)
-            # natsfast reads the user from the URL as is: only safe characters.
-            fast_url = None if quote(auth, safe=":") != auth else urlunsplit(parts._replace(
-                netloc=f"{auth}@{parts.hostname}" + (f":{parts.port}" if parts.port else "")))
-        return cls(nc, service, broker=broker, url=fast_url, token=token, link=link,
-                   routes=routes)
+        # The lean connections (libs.natsfast) speak plain TCP and take a
+        # user from the URL: none over TLS, or with a login a URL must escape.
+        lean = tls is None and (not user or with_login(url, user, password) is not None)
+        return cls(nc, service, broker=broker, url=url if lean else None, token=token,
+                   link=link, routes=routes, login=(user, password) if user else None)
 
-    async def ensure_topology(self, replicas: int = 1) -> None:
+    async def ensure_topology(self, replicas: int = 1, *, ready_s: float = 60.0) -> None:
         """Declare streams and KV buckets; safe to call from every service.
         ``replicas``: copies of each on a NATS cluster (3 survives the loss of
-        a server); a running stream is moved to the new count by its update."""
+        a server); a running stream is moved to the new count by its update.
+        A cluster that is still electing its JetStream leader (every member
+        just started, or one is being replaced) is waited for up to
+        ``ready_s``; then its last error is raised."""
+        deadline = asyncio.get_running_loop().time() + ready_s
+        while True:
+            try:
+                return await self._declare(replicas)
+            except (nats.errors.TimeoutError, nats.errors.NoRespondersError,
+                    nats.js.errors.ServiceUnavailableError, nats.js.errors.APIError) as exc:
+                waiting = not isinstance(exc, nats.js.errors.APIError) or (
+                    exc.code == 503 or exc.err_code == INSUFFICIENT_RESOURCES)
+                if not waiting or asyncio.get_running_loop().time() > deadline:
+                    raise
+                self._log.warning("JetStream not ready; declaring the topology again",
+                                  error=str(exc) or type(exc).__name__)
+                await asyncio.sleep(1.0)
+
+    async def _declare(self, replicas: int) -> None:
         for spec in STREAMS:
             try:
                 await self.js.add_stream(spec.config(replicas))

@@ -158,8 +158,10 @@ class Consumers:
             config.deliver_policy = api.DeliverPolicy.BY_START_TIME
             config.opt_start_time = datetime.now(UTC) - timedelta(seconds=replay_s)
         bus = self.bus
-        if lean and bus.url and natsfast.supported(bus.url):
-            link: Any = LeanLink(bus.nc, bus.url, bus.token, name=f"{bus.service}:{durable}")
+        if lean and bus.url and natsfast.supported_all(bus.url):
+            first = bus.url
+            link: Any = LeanLink(bus.nc, lambda: bus.url or first, bus.token,
+                                 name=f"{bus.service}:{durable}")
         else:
             link = NatsLink(bus.nc)
         puller = Puller(link, stream.name, durable)

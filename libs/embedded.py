@@ -274,6 +274,10 @@ class NatsServer:
     proc: subprocess.Popen[bytes] | None = None
     password: str | None = None  # the platform user's
     callout_issuer: str | None = None  # the auth callout's account public key
+    name: str = ""  # server_name: a member of a cluster (NatsCluster) has one
+    cluster_port: int = 0  # its route port
+    peers: tuple[int, ...] = ()  # the route ports of every member, its own included
+    monitor_port: int = 0  # the HTTP monitoring port (/connz, /jsz), 0: none
 
     @property
     def public_url(self) -> str:
@@ -290,6 +294,14 @@ class NatsServer:
         """The server's config file: JetStream, the platform user, the callout."""
         lines = [f"listen: 127.0.0.1:{self.port}",
                  f"jetstream {{ store_dir: {json.dumps(str(self.store_dir))} }}"]
+        if self.name:
+            lines.append(f"server_name: {json.dumps(self.name)}")
+        if self.monitor_port:
+            lines.append(f"http: 127.0.0.1:{self.monitor_port}")
+        if self.cluster_port:
+            routes = ", ".join(f'"nats://127.0.0.1:{p}"' for p in self.peers)
+            lines.append(f"cluster {{ name: {CLUSTER_NAME}, listen: 127.0.0.1:{self.cluster_port}, "
+                         f"routes: [ {routes} ] }}")
         if self.password:
             lines.append("authorization {")
             lines.append(f"  users = [ {{user: {json.dumps(PLATFORM_USER)}, "
@@ -305,8 +317,8 @@ class NatsServer:
         self.store_dir.mkdir(parents=True, exist_ok=True)
         args = [nats_server_binary(), "-js", "-a", "127.0.0.1", "-p", str(self.port),
                 "-sd", str(self.store_dir), "-m", "0"]
-        if self.password:
-            conf = self.store_dir.parent / "nats.conf"
+        if self.password or self.cluster_port:
+            conf = self.store_dir.parent / f"{self.name or 'nats'}.conf"
             conf.write_text(self.config())
             conf.chmod(0o600)
             args = [nats_server_binary(), "-c", str(conf)]
@@ -345,13 +357,65 @@ class NatsServer:
                 self.proc.wait()
 
 
+CLUSTER_NAME = "primus-embedded"
+
+
+@dataclass
+class NatsCluster:
+    """``size`` nats-servers clustered on loopback (``nats-0`` ...), each
+    with JetStream and a store dir of its own; what a 3-replica NATS
+    StatefulSet is in the chart. ``url`` names every member, so a client
+    reaches whichever is up. Streams and buckets get their replicas from
+    the services (``PRIMUS_NATS_REPLICAS``)."""
+
+    store_dir: Path
+    size: int = 3
+    password: str | None = None
+    callout_issuer: str | None = None
+    servers: list[NatsServer] = field(default_factory=list)
+    token: str | None = None  # members take the platform password, never a token
+
+    def __post_init__(self) -> None:
+        if not self.servers:
+            routes = tuple(free_port() for _ in range(self.size))
+            self.servers = [
+                NatsServer(self.store_dir / f"nats-{i}", port=free_port(),
+                           password=self.password, callout_issuer=self.callout_issuer,
+                           name=f"nats-{i}", cluster_port=routes[i], peers=routes,
+                           monitor_port=free_port())
+                for i in range(self.size)]
+
+    @property
+    def url(self) -> str:
+        return ",".join(s.url for s in self.servers)
+
+    @property
+    def public_url(self) -> str:
+        return ",".join(s.public_url for s in self.servers)
+
+    def member(self, name: str) -> NatsServer:
+        """The member with ``server_name`` ``name`` (as JetStream names leaders)."""
+        return next(s for s in self.servers if s.name == name)
+
+    def start(self, log_dir: Path | None = None) -> NatsCluster:
+        """Start every member (each waits for its client port)."""
+        for server in self.servers:
+            server.start(log_dir / f"{server.name}.log" if log_dir else None)
+        return self
+
+    def stop(self) -> None:
+        for server in self.servers:
+            server.stop()
+
+
 @dataclass
 class EmbeddedStack:
     state_dir: Path
     nodes: int = 4
     hosts: HostsFile | None = None
     env: dict[str, str] = field(default_factory=dict)
-    nats: NatsServer | None = None
+    nats_cluster: int = 1  # nats-servers: 1, or a cluster of 3 (or 5) with R3 streams
+    nats: NatsServer | NatsCluster | None = None
     procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     args: dict[str, tuple[str, ...]] = field(default_factory=dict)  # to restart one
     stragglers: dict[str, str] = field(default_factory=dict)  # killed at stop: log tails
@@ -372,6 +436,14 @@ class EmbeddedStack:
         assert self.hosts is not None
         return [n.name for n in self.hosts.nodes]
 
+    @property
+    def nats_members(self) -> dict[str, NatsServer]:
+        """Every nats-server of the stack by its child name: ``nats-server``,
+        or the members of a cluster (``nats-0``, ...)."""
+        if isinstance(self.nats, NatsCluster):
+            return {s.name: s for s in self.nats.servers}
+        return {NATS: self.nats} if self.nats is not None else {}
+
     def _service_env(self) -> dict[str, str]:
         assert self.nats is not None
         env = {k: v for k, v in os.environ.items() if not k.startswith("PRIMUS_")}
@@ -383,6 +455,9 @@ class EmbeddedStack:
             PRIMUS_NATS_TOKEN=self.nats.token or "",
             PRIMUS_STATE_DIR=str(self.state_dir),
             PRIMUS_CLICKHOUSE_DSN=f"chdb://{self.state_dir / 'clickhouse'}",
+            # A copy of every stream and bucket on each member (at most 3:
+            # a 5-server cluster still loses nothing to two failures at R3).
+            PRIMUS_NATS_REPLICAS=str(min(3, self.nats_cluster)),
             PYTHONUNBUFFERED="1",
             OMP_NUM_THREADS="1",  # many small processes share two cores
         )
@@ -426,9 +501,17 @@ class EmbeddedStack:
         # user, each job's workers with their own credential, checked by the
         # scheduler's auth callout.
         self.secrets = StackSecrets.load_or_create(self.state_dir)
-        self.nats = NatsServer(self.state_dir / "nats", password=self.secrets.platform_password,
-                               callout_issuer=issuer_public_key(self.secrets.nats_callout_seed))
-        self.nats.start(self.state_dir / "logs" / f"{NATS}.log")
+        issuer = issuer_public_key(self.secrets.nats_callout_seed)
+        if self.nats_cluster > 1:
+            self.nats = NatsCluster(self.state_dir / "nats", size=self.nats_cluster,
+                                    password=self.secrets.platform_password,
+                                    callout_issuer=issuer)
+            self.nats.start(self.state_dir / "logs")
+        else:
+            self.nats = NatsServer(self.state_dir / "nats",
+                                   password=self.secrets.platform_password,
+                                   callout_issuer=issuer)
+            self.nats.start(self.state_dir / "logs" / f"{NATS}.log")
         self.record()
         for service in SERVICES:
             extra = ("--hosts", str(hosts_file)) if service == "bootstrap" else ()
@@ -436,7 +519,8 @@ class EmbeddedStack:
         for node in self.node_names:
             self.spawn(f"agent-{node}", "bench-agent", "--node", node)
         now = time.monotonic()
-        self.restarts = {name: Restarts(started_at=now) for name in [NATS, *self.procs]}
+        self.restarts = {name: Restarts(started_at=now)
+                         for name in [*self.nats_members, *self.procs]}
         self.record()
         return self
 
@@ -444,8 +528,9 @@ class EmbeddedStack:
         """Write stack.json: the bus, this owner and every child's pid (atomically)."""
         assert self.nats is not None
         children = dict(self.procs)
-        if self.nats.proc is not None:
-            children[NATS] = self.nats.proc
+        for name, member in self.nats_members.items():
+            if member.proc is not None:
+                children[name] = member.proc
         write_stack_file(self.state_dir / STACK_FILE, StackInfo(
             nats_url=self.nats.url, nats_token=self.nats.token, pid=os.getpid(),
             pid_start=process_start(os.getpid()), started_at=self.started_at,
@@ -464,8 +549,10 @@ class EmbeddedStack:
         log = get_logger(component="supervisor")
         now = time.monotonic() if now is None else now
         restarted = []
-        for name in [NATS, *self.procs]:
-            proc = self.nats.proc if name == NATS else self.procs[name]
+        members = self.nats_members
+        for name in [*members, *self.procs]:
+            member = members.get(name)
+            proc = member.proc if member is not None else self.procs[name]
             state = self.restarts.setdefault(name, Restarts(started_at=now))
             if state.gave_up:
                 continue
@@ -481,19 +568,19 @@ class EmbeddedStack:
             if state.due_at is None or now < state.due_at:
                 continue
             try:
-                if name == NATS:
-                    self.nats.start(self.state_dir / "logs" / f"{NATS}.log")
+                if member is not None:
+                    member.start(self.state_dir / "logs" / f"{name}.log")
                 else:
                     self.spawn(name, *self.args[name])
             except (OSError, TimeoutError) as exc:  # e.g. its port was taken meanwhile
-                if name == NATS:
-                    self.nats.kill()  # not listening: it must not linger into the next try
+                if member is not None:
+                    member.kill()  # not listening: it must not linger into the next try
                 self.restarts[name] = on_exit(on_restart(state, now=now), now=now,
                                               policy=self.policy)
                 log.error("restart failed", child=name, error=str(exc))
                 continue
             state = self.restarts[name] = on_restart(state, now=now)
-            new = self.nats.proc if name == NATS else self.procs[name]
+            new = member.proc if member is not None else self.procs[name]
             log.warning("child restarted", child=name, pid=new.pid if new else None,
                         restarts=state.restarts)
             restarted.append(name)
@@ -527,10 +614,12 @@ class EmbeddedStack:
             self.kill(name)
         return self.spawn(name, *self.args[name])
 
-    def restart_nats(self) -> None:
-        """SIGKILL nats-server and start it again on the same port and store."""
-        assert self.nats is not None
-        self.nats.restart(self.state_dir / "logs" / "nats-server.log")
+    def restart_nats(self, name: str | None = None) -> None:
+        """SIGKILL nats-server (``name``: one member of the cluster; None:
+        every one) and start it again on the same port and store."""
+        for member_name, member in self.nats_members.items():
+            if name in (None, member_name):
+                member.restart(self.state_dir / "logs" / f"{member_name}.log")
 
     def log_tail(self, name: str, chars: int = 6000) -> str:
         log = self.state_dir / "logs" / f"{name}.log"

@@ -21,7 +21,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import random
 import secrets
+from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlparse
 
@@ -29,6 +31,7 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 
 from libs.logs import get_logger
+from libs.nats_urls import servers
 from libs.pull import Puller
 from libs.tasks import cancel_and_wait
 
@@ -63,9 +66,29 @@ def supported(url: str) -> bool:
     return urlparse(url).scheme == "nats"
 
 
+def supported_all(url: str) -> bool:
+    """Whether every server of ``url`` (comma-separated) is plain NATS."""
+    return all(supported(u) for u in servers(url))
+
+
 async def connect(url: str, token: str | None, name: str
                   ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-    """A connected, authenticated NATS socket (INFO, CONNECT, PING/PONG done)."""
+    """A connected, authenticated NATS socket (INFO, CONNECT, PING/PONG
+    done). ``url`` may list several servers (a cluster): they are tried in
+    turn from a random one, and the last refusal is raised when none takes us."""
+    listed = servers(url)
+    first = random.randrange(len(listed))
+    error: Exception = ConnectionError(f"no NATS server in {url!r}")
+    for one in listed[first:] + listed[:first]:
+        try:
+            return await _connect_one(one, token, name)
+        except (OSError, ConnectionError, TimeoutError) as exc:
+            error = exc
+    raise error
+
+
+async def _connect_one(url: str, token: str | None, name: str
+                       ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
     u = urlparse(url)
     reader, writer = await asyncio.wait_for(
         asyncio.open_connection(u.hostname or "127.0.0.1", u.port or 4222), 5)
@@ -140,8 +163,10 @@ class LeanLink:
     slices, and a batch of acks is one write. Naks and dead letters go over
     the service's main client (``nc``), to which every message is bound."""
 
-    def __init__(self, nc: Client, url: str, token: str | None, *,
+    def __init__(self, nc: Client, url: str | Callable[[], str], token: str | None, *,
                  name: str = "fast-puller") -> None:
+        # ``url`` may be a function: asked again at every (re)connect, so a
+        # cluster's servers as the main client knows them now are tried.
         self._nc, self._url, self._token, self._name = nc, url, token, name
         self.inbox = f"_INBOX.{secrets.token_hex(11)}"
         self._puller: Puller | None = None
@@ -155,7 +180,8 @@ class LeanLink:
 
     async def start(self, puller: Puller) -> None:
         self._puller = puller
-        reader, writer = await connect(self._url, self._token, self._name)
+        url = self._url() if callable(self._url) else self._url
+        reader, writer = await connect(url, self._token, self._name)
         writer.write(f"SUB {self.inbox}.* 1\r\n".encode())
         self._reader, self._writer = reader, writer
         self._task = asyncio.create_task(self._read_loop(), name=f"{self._name}:read")

