@@ -56,6 +56,11 @@ class Settings(BaseSettings):
         "empty means chdb under state_dir",
     )
     clickhouse_database: str = "primus"
+    clickhouse_cluster: str | None = Field(
+        default=None, description="lens-collector: the ClickHouse cluster (its remote_servers "
+        "name) to create the schema on: replicated tables on every shard and a Distributed "
+        "table over them under each table's own name (libs/clickhouse_cluster.py). Unset: one "
+        "server")
     state_dir: Path = Path(".primus")
     node_name: str | None = Field(default=None, description="the node a bench agent runs on")
     heartbeat_interval_s: float = Field(default=1.0, gt=0)

@@ -17,6 +17,7 @@ from urllib.parse import urlparse
 import clickhouse_connect
 from clickhouse_connect.driver.client import Client
 
+from libs.clickhouse_cluster import Layout, migrations_table, render
 from libs.logs import get_logger
 
 
@@ -51,19 +52,28 @@ class Migration:
     statements: tuple[str, ...]
 
 
-def migrate(client: Client, database: str, migrations: tuple[Migration, ...]) -> list[int]:
+def cluster_statements(statement: str, database: str, layout: Layout | None) -> list[str]:
+    """``statement`` with its database filled in, rendered for ``layout``'s
+    cluster when there is one (``libs.clickhouse_cluster``)."""
+    sql = statement.format(db=database)
+    return render(sql, layout) if layout is not None else [sql]
+
+
+def migrate(client: Client, database: str, migrations: tuple[Migration, ...],
+            layout: Layout | None = None) -> list[int]:
     """Apply migrations not yet recorded; returns the versions applied now.
 
     Each statement is written to be idempotent (IF NOT EXISTS), so a crash
     between a statement and its bookkeeping row is repaired by the next run.
+    With ``layout`` every statement runs in its cluster form, ON CLUSTER.
     """
     log = get_logger(component="store")
-    client.command(f"CREATE DATABASE IF NOT EXISTS {database}")
-    client.command(
+    for sql in cluster_statements("CREATE DATABASE IF NOT EXISTS {db}", database, layout):
+        client.command(sql)
+    client.command(migrations_table(database, layout) if layout is not None else (
         f"CREATE TABLE IF NOT EXISTS {database}.schema_migrations "
         "(version UInt32, name String, applied_at DateTime64(3, 'UTC') DEFAULT now64(3)) "
-        "ENGINE = ReplacingMergeTree ORDER BY version"
-    )
+        "ENGINE = ReplacingMergeTree ORDER BY version"))
     done = {
         row[0]
         for row in client.query(f"SELECT version FROM {database}.schema_migrations").result_rows
@@ -76,7 +86,8 @@ def migrate(client: Client, database: str, migrations: tuple[Migration, ...]) ->
         if migration.version in done:
             continue
         for statement in migration.statements:
-            client.command(statement.format(db=database))
+            for sql in cluster_statements(statement, database, layout):
+                client.command(sql)
         client.insert(
             f"{database}.schema_migrations",
             [[migration.version, migration.name]],

@@ -26,6 +26,7 @@ from clickhouse_connect.driver.client import Client
 from nats.aio.msg import Msg
 
 from libs.bus import Bus, event_or_reason
+from libs.clickhouse_cluster import LOCAL, Layout
 from libs.events import (
     Event,
     JobCancelled,
@@ -41,7 +42,7 @@ from libs.leader import LeaderElection
 from libs.logs import get_logger
 from libs.settings import Settings
 from libs.specs import load_model
-from libs.store import migrate, open_store
+from libs.store import cluster_statements, migrate, open_store
 from libs.tasks import cancel_and_wait
 from libs.wiring import wire
 from services.lens_collector.alerting import AlertLoop
@@ -61,7 +62,7 @@ from services.lens_collector.protocol import LensQuery, LensRows
 from services.lens_collector.queries import QueryError, resolve
 from services.lens_collector.routes import ALERTS_ROLE, ROUTES
 from services.lens_collector.rows import COLUMNS, EVENT_ID_COLUMN, rows_for
-from services.lens_collector.schema import MIGRATIONS
+from services.lens_collector.schema import MIGRATIONS, SHARDING
 from services.lens_collector.store_thread import StoreThread
 from services.lens_collector.worker_logs_schema import logs_ttl
 
@@ -88,6 +89,9 @@ class LensCollector:
                  batch: int = 20000, fill_s: float = 0.8, ack_wait_s: float = 30.0) -> None:
         self.settings = settings
         self.db = settings.clickhouse_database
+        # A cluster's layout: every statement of the schema in its cluster form.
+        self.layout = (Layout(settings.clickhouse_cluster, SHARDING)
+                       if settings.clickhouse_cluster else None)
         self.batch, self.fill_s, self.ack_wait_s = batch, fill_s, ack_wait_s
         self._store_thread = StoreThread()
         self.client: Client | None = None
@@ -132,7 +136,7 @@ class LensCollector:
         gc.set_threshold(50_000, 20, 100)
         self.bus = bus
         self.client = await self._store(open_store, self.settings.store_dsn)
-        applied = await self._store(migrate, self.client, self.db, MIGRATIONS)
+        applied = await self._store(migrate, self.client, self.db, MIGRATIONS, self.layout)
         await self._store(self._logs_retention)
         self._log.info("store ready", dsn=self.settings.store_dsn.split("@")[-1], applied=applied)
         await wire(bus, ROUTES, self, tune={"lens-telemetry": {
@@ -269,12 +273,13 @@ class LensCollector:
         """Keep log lines ``lens_logs_ttl_days`` (changed only when it differs)."""
         assert self.client is not None
         days = self.settings.lens_logs_ttl_days
+        table = "logs" + (LOCAL if self.layout else "")  # the TTL is the data's own
         ddl = self.client.query(
             "SELECT create_table_query FROM system.tables WHERE database = {d:String} "
-            "AND name = 'logs'", parameters={"d": self.db}).result_rows
+            "AND name = {t:String}", parameters={"d": self.db, "t": table}).result_rows
         if ddl and f"toIntervalDay({days})" not in ddl[0][0]:
-            self.client.command(logs_ttl(days).replace("{db}", self.db),
-                                settings={"materialize_ttl_after_modify": 0})
+            for sql in cluster_statements(logs_ttl(days), self.db, self.layout):
+                self.client.command(sql, settings={"materialize_ttl_after_modify": 0})
 
     # ------------------------------------------------------------------ reading
 

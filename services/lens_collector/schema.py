@@ -179,3 +179,21 @@ MIGRATIONS: tuple[Migration, ...] = (
               WORKER_LOGS_MIGRATION),
     Migration(9, "GPU rows carry the job, attempt and rank using the GPU", GPU_JOBS_MIGRATION),
 )
+
+# Where each table's rows go on a sharded cluster (PRIMUS_CLICKHOUSE_CLUSTER,
+# libs/clickhouse_cluster.py). Telemetry by node, so a node's series is on
+# one shard; job telemetry by job, so a job's roll-up is whole on its shard;
+# a roll-up on the same key as its source (each shard refreshes its own).
+SHARDING: dict[str, str] = {
+    "events": "cityHash64(id)",
+    "node_metrics": "cityHash64(node)",
+    "gpu_metrics": "cityHash64(node)",
+    "job_metrics": "cityHash64(job)",
+    "logs": "cityHash64(job, node)",
+    "alerts": "cityHash64(alert_id)",
+    "gpu_metrics_1m": "cityHash64(node)",
+    "node_metrics_1m": "cityHash64(node)",
+    "job_metrics_1m": "cityHash64(job)",
+    "gpu_jobs_1m": "cityHash64(node)",
+}
+

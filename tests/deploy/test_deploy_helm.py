@@ -484,6 +484,19 @@ def test_external_endpoints_render_no_servers(render: Renderer) -> None:
     assert env["PRIMUS_NATS_URL"]["value"] == "nats://nats.messaging.svc:4222"
 
 
+def test_an_external_clickhouse_cluster_reaches_the_collector(render: Renderer) -> None:
+    """clickhouse.external.cluster: lens-collector creates the schema ON
+    CLUSTER (PRIMUS_CLICKHOUSE_CLUSTER); the bundled single server never."""
+    values = json.loads(json.dumps(SCENARIOS["external-services"]))
+    values["clickhouse"]["external"]["cluster"] = "lens_cluster"
+    env = {e["name"]: e for e in main_container(
+        workloads(render(values))["lens-collector"])["env"]}
+    assert env["PRIMUS_CLICKHOUSE_CLUSTER"]["value"] == "lens_cluster"
+    bundled = render({"clickhouse": {"external": {"cluster": "lens_cluster"}}})
+    assert "PRIMUS_CLICKHOUSE_CLUSTER" not in {
+        e["name"] for e in main_container(workloads(bundled)["lens-collector"])["env"]}
+
+
 def secret_data(objects: list[dict[str, Any]]) -> dict[str, str]:
     import base64
 

@@ -194,6 +194,10 @@ cluster (so a stream survives the loss of a server), else one.
   value: {{ include "primus-safe.natsReplicas" . | quote }}
 - name: PRIMUS_CLICKHOUSE_DATABASE
   value: {{ .Values.clickhouse.database | quote }}
+{{- if and (not .Values.clickhouse.enabled) .Values.clickhouse.external.cluster }}
+- name: PRIMUS_CLICKHOUSE_CLUSTER
+  value: {{ .Values.clickhouse.external.cluster | quote }}
+{{- end }}
 - name: PRIMUS_STATE_DIR
   value: {{ .Values.config.stateDir | quote }}
 - name: PRIMUS_HEARTBEAT_INTERVAL_S
