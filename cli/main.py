@@ -304,7 +304,7 @@ def dispatch(args: argparse.Namespace) -> int:
         node = args.node or (load_settings().node_name if args.service == "bench-agent" else None)
         if args.here and node is None:
             from libs.service import instance_token
-            node = instance_token()
+            node = instance_token(load_settings())
         try:
             reply = asyncio.run(health(args.service, node))
         except CliError:

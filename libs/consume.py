@@ -181,8 +181,17 @@ class Consumers:
             self._log.warning("consumer kept as it was", durable=durable, error=str(exc))
         slots = asyncio.Semaphore(inflight)
         running: set[asyncio.Task[None]] = set()
+        # Batches in hand, with when their ack wait last started: one that
+        # is still being handled after a third of it is kept alive (+WPI),
+        # so the ack wait can be short (a replica that dies hands its batch
+        # on within it) without a slow insert being delivered twice.
+        in_hand: dict[int, tuple[list[Msg], float]] = {}
+        keeper = asyncio.create_task(self._keep_alive(puller, in_hand, config.ack_wait or 30.0),
+                                     name=f"keep-alive:{durable}")
 
         async def handle(msgs: list[Msg]) -> None:
+            key = id(msgs)
+            in_hand[key] = (msgs, asyncio.get_running_loop().time())
             try:
                 await on_msgs(msgs, puller)
             except Exception as exc:
@@ -192,6 +201,7 @@ class Consumers:
                 self._log.exception("batch not finished; its unacked messages come back",
                                     durable=durable, messages=len(msgs), error=repr(exc))
             finally:
+                in_hand.pop(key, None)
                 slots.release()
 
         try:
@@ -220,6 +230,28 @@ class Consumers:
         finally:
             if running:  # let batches in flight finish: their effect is durable, ack it
                 await asyncio.gather(*running, return_exceptions=True)
+            await cancel_and_wait([keeper])
+
+    async def _keep_alive(self, puller: Puller, in_hand: dict[int, tuple[list[Msg], float]],
+                          ack_wait_s: float) -> None:
+        """Every tenth of the ack wait: ``+WPI`` for each batch in hand (and
+        the next batch filling behind it) whose ack wait is a third gone."""
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(ack_wait_s / 10)
+            now = loop.time()
+            stale = [(key, msgs) for key, (msgs, since) in list(in_hand.items())
+                     if now - since > ack_wait_s / 3]
+            for key, msgs in stale:
+                in_hand[key] = (msgs, now)
+            waiting = puller.held(ack_wait_s / 3)
+            try:
+                for _, msgs in stale:
+                    await puller.progress(msgs)
+                if waiting:
+                    await puller.progress(waiting)
+            except Exception as exc:  # reconnecting: the server redelivers, dedup copes
+                self._log.warning("could not keep a slow batch alive", error=repr(exc))
 
     async def _exists(self, stream: StreamSpec, durable: str) -> bool:
         """Whether the durable is there already. A durable made to start at

@@ -206,6 +206,15 @@ class LeanLink:
         for msg in msgs:
             await msg.ack()
 
+    async def progress(self, msgs: list[Any]) -> None:
+        """``+WPI`` for every message in one write (over the main client
+        while this connection is down)."""
+        if self._writer is not None and not self._writer.is_closing():
+            self._write(b"".join(b"PUB %s 4\r\n+WPI\r\n" % m.reply.encode() for m in msgs))
+            return
+        for msg in msgs:
+            await self._nc.publish(msg.reply, b"+WPI")
+
     def _write(self, data: bytes) -> None:
         if self._writer is None:
             raise ConnectionError("the lean connection is not up")

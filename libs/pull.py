@@ -48,6 +48,7 @@ _NS = 1_000_000_000
 # (it cuts off a client with 64 MiB pending as a slow consumer).
 MAX_BYTES = 16 << 20
 _ACK = b"+ACK"
+WORKING = b"+WPI"  # "work in progress": the message's ack wait starts again
 
 
 class Link(Protocol):
@@ -66,6 +67,8 @@ class Link(Protocol):
 
     async def ack(self, msgs: list[Any]) -> None: ...
 
+    async def progress(self, msgs: list[Any]) -> None: ...
+
 
 class Puller:
     """Fetches batches from one durable pull consumer (created elsewhere)."""
@@ -76,6 +79,7 @@ class Puller:
         self._requests = 0
         self._current = ""
         self._buffer: list[Any] = []
+        self._since = 0.0  # when the oldest buffered message arrived (or was last kept)
         self._want = 0
         self._ended = False
         self._wake = asyncio.Event()
@@ -89,6 +93,8 @@ class Puller:
     # ------------------------------------------------------------------ from the link
 
     def deliver(self, msg: Any) -> None:
+        if not self._buffer:
+            self._since = asyncio.get_running_loop().time()
         self._buffer.append(msg)
         if len(self._buffer) >= self._want:
             self._wake.set()
@@ -142,6 +148,20 @@ class Puller:
         """Ack every message, as cheaply as the link can."""
         await self.link.ack(msgs)
 
+    async def progress(self, msgs: list[Any]) -> None:
+        """Tell the server these messages are still being worked on (``+WPI``):
+        their ack wait starts again, so a slow batch is not delivered twice."""
+        await self.link.progress(msgs)
+
+    def held(self, older_than_s: float) -> list[Any]:
+        """The buffered messages when the oldest has waited ``older_than_s``
+        (a batch filling while a slow one is handled); their clock restarts."""
+        now = asyncio.get_running_loop().time()
+        if not self._buffer or now - self._since < older_than_s:
+            return []
+        self._since = now
+        return list(self._buffer)
+
     async def _request(self, count: int, *, expires_s: float = 0.0,
                        no_wait: bool = False) -> None:
         body: dict[str, int | bool] = {"batch": count, "max_bytes": MAX_BYTES}
@@ -168,6 +188,8 @@ class Puller:
 
     def _take(self, batch: int) -> list[Any]:
         taken, self._buffer = self._buffer[:batch], self._buffer[batch:]
+        if self._buffer:  # what stays behind is as old as what was taken, at most
+            self._since = asyncio.get_running_loop().time()
         return taken
 
 
@@ -206,3 +228,7 @@ class NatsLink:
     async def ack(self, msgs: list[Any]) -> None:
         for msg in msgs:  # the ack of Msg.ack(), without its per-message checks
             await self._nc.publish(msg.reply, _ACK)
+
+    async def progress(self, msgs: list[Any]) -> None:
+        for msg in msgs:
+            await self._nc.publish(msg.reply, WORKING)

@@ -70,10 +70,12 @@ def health_subject(service: str, node: str | None = None) -> str:
     return health_endpoint(service, node).subject
 
 
-def instance_token() -> str:
-    """This process's host name as a subject token (the pod name in
-    Kubernetes): where a replica answers for itself alone."""
-    return re.sub(r"[^A-Za-z0-9_-]", "_", socket.gethostname()) or "host"
+def instance_token(settings: Settings | None = None) -> str:
+    """Where a replica answers for itself alone, as a subject token: its
+    ``PRIMUS_INSTANCE`` (replicas on one machine), else the host name (the
+    pod name in Kubernetes)."""
+    name = (settings.instance if settings is not None else None) or socket.gethostname()
+    return re.sub(r"[^A-Za-z0-9_-]", "_", name) or "host"
 
 
 def serve(service: Service | ServiceFactory, settings: Settings, *,
@@ -227,7 +229,7 @@ async def _run_once(service: Service, bus: Bus, settings: Settings, node: str | 
     if node is None:
         # Replicas share the service's subject (any one answers); a pod's own
         # probe must reach that pod, so each also answers on its host name.
-        await bus.serve(health_endpoint(service.name, instance_token()), _health)
+        await bus.serve(health_endpoint(service.name, instance_token(settings)), _health)
     try:
         await service.start(bus)
     except Exception as exc:

@@ -63,6 +63,10 @@ class Settings(BaseSettings):
         "server")
     state_dir: Path = Path(".primus")
     node_name: str | None = Field(default=None, description="the node a bench agent runs on")
+    instance: str | None = Field(
+        default=None, description="this replica's name: it answers its own health check on "
+        "safe.health.<service>.<instance>. Default: the host name (the pod name); set it "
+        "when replicas share a machine")
     heartbeat_interval_s: float = Field(default=1.0, gt=0)
     heartbeat_missed: int = Field(default=3, ge=1, description="missed beats that open a fault")
     agent_restart_grace_s: float = Field(

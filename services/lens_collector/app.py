@@ -60,7 +60,7 @@ from services.lens_collector.log_telemetry import COLUMNS as PARSED_COLUMNS
 from services.lens_collector.log_telemetry import JobFormat, LogTelemetry
 from services.lens_collector.protocol import LensQuery, LensRows
 from services.lens_collector.queries import QueryError, resolve
-from services.lens_collector.routes import ALERTS_ROLE, ROUTES
+from services.lens_collector.routes import ALERTS_ROLE, REPLICA_HANDOVER_S, ROUTES
 from services.lens_collector.rows import COLUMNS, EVENT_ID_COLUMN, rows_for
 from services.lens_collector.schema import MIGRATIONS, SHARDING
 from services.lens_collector.store_thread import StoreThread
@@ -86,7 +86,8 @@ class LensCollector:
 
     def __init__(self, settings: Settings, *, alerts: AlertConfig | None = None,
                  evaluate_alerts: bool = True, alert_interval_s: float = 5.0,
-                 batch: int = 20000, fill_s: float = 0.8, ack_wait_s: float = 30.0) -> None:
+                 batch: int = 20000, fill_s: float = 0.8,
+                 ack_wait_s: float = REPLICA_HANDOVER_S) -> None:
         self.settings = settings
         self.db = settings.clickhouse_database
         # A cluster's layout: every statement of the schema in its cluster form.

@@ -8,6 +8,10 @@ from libs.topology import CONTROL, TELEMETRY
 from services.lens_collector.protocol import LENS_QUERY
 
 ALERTS_ROLE = "lens-alerts"  # the replica that evaluates the alert rules (libs.leader)
+# The ack wait of the shared consumers: what a replica had in hand when it
+# died goes to another within this. A batch that takes longer to store is
+# kept alive (libs.consume: +WPI), so it is not delivered twice meanwhile.
+REPLICA_HANDOVER_S = 5.0
 
 ROUTES = Routes(
     service="lens-collector",
@@ -16,11 +20,12 @@ ROUTES = Routes(
     consumes=(
         Consumer("lens-events", CONTROL,
                  tuple(On(e, "on_events") for e in events_of(CONTROL, EVENT_TYPES)),
-                 mode="batch", batch=256, ack_wait_s=60,
+                 mode="batch", batch=256, ack_wait_s=REPLICA_HANDOVER_S,
                  summary="every control event, into the history table"),
         Consumer("lens-telemetry", TELEMETRY,
                  tuple(On(e, "on_telemetry") for e in events_of(TELEMETRY, EVENT_TYPES)),
                  mode="raw", batch=20000, fill_s=0.8, inflight=2,
+                 ack_wait_s=REPLICA_HANDOVER_S,
                  summary="node, job and log telemetry, handed to the engine as raw JSON"),
     ),
     publishes=(LensAlert, LogRecord, JobProgress),

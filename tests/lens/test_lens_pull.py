@@ -147,3 +147,31 @@ async def test_a_dropped_connection_loses_nothing(bus: Bus) -> None:
     await publish(bus, 50, start=20)
     await until(lambda: len(set(seen)) == 70, timeout=30)
     assert set(seen) == {f"m{i}" for i in range(70)}
+
+
+@pytest.mark.parametrize("own_connection", [True, False], ids=["natsfast", "nats-py"])
+async def test_a_batch_slower_than_the_ack_wait_is_kept_alive_not_redelivered(
+        bus: Bus, own_connection: bool) -> None:
+    """A short ack wait (so a dead replica's batch moves on quickly) must not
+    deliver a slow batch twice: the consumer says +WPI for a batch still in
+    hand after a third of the wait, and for the batch filling behind it."""
+    seen: list[str] = []
+    batches = 0
+
+    async def handler(msgs: list[Msg]) -> list[tuple[Msg, str]]:
+        nonlocal batches
+        batches += 1
+        seen.extend(m.headers["Nats-Msg-Id"] for m in msgs)
+        if batches <= 2:
+            await asyncio.sleep(3.5)  # an insert that takes over twice the ack wait
+        return []
+
+    await publish(bus, 400)
+    bus.consume_raw(durable="slow", subjects=list(TELEMETRY.subjects), stream=TELEMETRY,
+                    handler=handler, batch=100, fill_s=0.1, inflight=2, ack_wait_s=1.5,
+                    own_connection=own_connection)
+    await until(lambda: len(seen) >= 400, timeout=30)
+    await asyncio.sleep(2.0)  # a redelivery would have come by now
+    assert sorted(seen) == sorted(f"m{i}" for i in range(400))  # each once
+    info = await bus.js.consumer_info("TELEMETRY", "slow")
+    assert info.num_redelivered == 0 and info.num_ack_pending == 0
