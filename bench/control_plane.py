@@ -267,6 +267,17 @@ async def stream_bytes(bus: Bus) -> dict[str, int]:
             for name in (CONTROL.name, TELEMETRY.name)}
 
 
+async def parts_bytes(bus: Bus) -> int:
+    """Bytes on disk of the Lens tables' active parts (ClickHouse's own
+    count: parts a merge replaced and not yet deleted are not in it)."""
+    reply = await bus.request("safe.query.lens.query", {
+        "query": "table_rows", "params": {"database": "primus"}}, timeout_s=30)
+    if not reply.get("ok"):
+        raise RuntimeError(reply)
+    at = reply["columns"].index("bytes_on_disk")
+    return sum(int(row[at]) for row in reply["rows"])
+
+
 def du(path: Path) -> int:
     """Bytes of the files under ``path`` (ClickHouse's parts; merges make it
     move in steps, so it is read over the whole window)."""
@@ -293,7 +304,7 @@ def service_of(durable: str) -> str:
 
 async def one_size(n: int, args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     stack = EmbeddedStack(tmp / f"stack-{n}", nodes=args.real_nodes,
-                          env={"PRIMUS_LOG_LEVEL": "warning"})
+                          env={"PRIMUS_LOG_LEVEL": "warning"}, nats_cluster=args.nats_cluster)
     stack.start()
     assert stack.nats is not None
     fleet = Fleet.make(n)
@@ -328,11 +339,12 @@ async def one_size(n: int, args: argparse.Namespace, tmp: Path) -> dict[str, Any
 
         sub = await bus.nc.subscribe("safe.fault.*.opened", cb=on_fault)
         series: dict[str, ConsumerSeries] = {}
-        pids = {"nats-server": stack.nats.proc.pid if stack.nats.proc else 0,
-                **{name: p.pid for name, p in stack.procs.items()}}
+        # Every nats-server of a cluster counts as one figure (their sum).
+        pids = {"nats-server": [m.proc.pid for m in stack.nats_members.values() if m.proc],
+                **{name: [p.pid] for name, p in stack.procs.items()}}
         store = stack.state_dir / "clickhouse"
-        cpu0 = {k: cpu_seconds(p) for k, p in pids.items()}
-        bytes0, disk0 = await stream_bytes(bus), du(store)
+        cpu0 = {k: sum(map(cpu_seconds, ps)) for k, ps in pids.items()}
+        bytes0, disk0, parts0 = await stream_bytes(bus), du(store), await parts_bytes(bus)
         t0, me0 = time.time(), time.process_time()
         sampler = asyncio.create_task(sample_consumers(bus, series, stop_window))
         trickler = asyncio.create_task(trickle(bus, fleet, args.state_changes, args.job_every,
@@ -347,10 +359,11 @@ async def one_size(n: int, args: argparse.Namespace, tmp: Path) -> dict[str, Any
         sent = await trickler
         await sampler
         elapsed = time.time() - t0
-        cpu = {k: (cpu_seconds(p) - cpu0[k]) / elapsed for k, p in pids.items()}
+        cpu = {k: (sum(map(cpu_seconds, ps)) - cpu0[k]) / elapsed for k, ps in pids.items()}
         cpu["publisher (this process)"] = (time.process_time() - me0) / elapsed
         grown = {k: v - bytes0[k] for k, v in (await stream_bytes(bus)).items()}
         grown["ClickHouse (on disk)"] = du(store) - disk0
+        grown["ClickHouse (active parts)"] = await parts_bytes(bus) - parts0
         collector = await bus.request("safe.health.lens-collector", timeout_s=10)
         # Detection may still be under way for the last ones: give it the deadline again.
         names = {fleet.names[i] for i in victims}
@@ -506,6 +519,9 @@ def main() -> int:
     parser.add_argument("--real-nodes", type=int, default=2, help="local nodes with real agents")
     parser.add_argument("--state-changes", type=float, default=5.0, help="node state changes/s")
     parser.add_argument("--job-every", type=float, default=2.0, help="seconds between jobs")
+    parser.add_argument("--nats-cluster", type=int, choices=(1, 3), default=1,
+                        help="3: a 3-server NATS cluster, every stream at 3 replicas (the "
+                        "nats-server figure is then the three servers' sum)")
     args = parser.parse_args()
     sizes = sorted(int(s) for s in args.sizes.split(","))
     tmp = Path(tempfile.mkdtemp(prefix="control-plane-"))

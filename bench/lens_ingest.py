@@ -29,6 +29,7 @@ Two phases, and the engine alone, in the same run:
   the ingest table, its rate and CPU per row beside the Arrow insert's.
 
     python bench/lens_ingest.py [--gpus 100000] [--seconds 20] [--steps 5]
+    python bench/lens_ingest.py --collectors 3   # 1, 2 and 3 replicas: the scaling
 
 Ends with one JSON line of the figures.
 """
@@ -193,10 +194,12 @@ def cpu_seconds(pid: int) -> float:
         return float("nan")
 
 
-def start_collector(nats_url: str, chdb: Path, log: Path) -> subprocess.Popen[bytes]:
+def start_collector(nats_url: str, chdb: Path, log: Path, instance: str | None = None
+                    ) -> subprocess.Popen[bytes]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("PRIMUS_")}
     env.update(PRIMUS_NATS_URL=nats_url, PRIMUS_CLICKHOUSE_DSN=f"chdb://{chdb}",
-               PRIMUS_CLICKHOUSE_DATABASE=DB, PRIMUS_LOG_LEVEL="warning")
+               PRIMUS_CLICKHOUSE_DATABASE=DB, PRIMUS_LOG_LEVEL="warning",
+               **({"PRIMUS_INSTANCE": instance} if instance else {}))
     root = Path(__file__).resolve().parents[1]
     return subprocess.Popen([sys.executable, "-m", "cli.main", "lens-collector"], env=env,
                             cwd=root, stdout=log.open("wb"), stderr=subprocess.STDOUT)
@@ -210,14 +213,19 @@ async def lens(bus: Bus, query: str, **params: object) -> list[dict[str, object]
     return [dict(zip(reply["columns"], r, strict=True)) for r in reply["rows"]]
 
 
-async def stored_messages(bus: Bus) -> int:
-    """Node messages the collector has stored: its health counter, which costs
+async def stored_messages(bus: Bus, instances: list[str] | None = None) -> int:
+    """Node messages the collectors have stored: each one's health counter
+    (``instances``: the replicas, each asked on its own subject), which costs
     the engine nothing (counting the table while it ingests would)."""
-    try:
-        health = await bus.request("safe.health.lens-collector", timeout_s=10)
-    except Exception:
-        return -1
-    return int(health.get("rows_written", {}).get("ingest_node", 0))
+    total = 0
+    for instance in instances or [""]:
+        try:
+            health = await bus.request("safe.health.lens-collector"
+                                       + (f".{instance}" if instance else ""), timeout_s=10)
+        except Exception:
+            return -1
+        total += int(health.get("rows_written", {}).get("ingest_node", 0))
+    return total
 
 
 def render(templates: list[Template], seconds: int, start: float, phase: int = 0
@@ -269,24 +277,30 @@ async def publish(url: str, plan: list[tuple[float, bytes]], name: str = "bench-
 
 
 async def phase(bus: Bus, url: str, nodes: int, seconds: int, number: int,
-                pids: dict[str, int]) -> dict[str, object]:
+                pids: dict[str, list[int]], instances: list[str] | None = None
+                ) -> dict[str, object]:
     """Offer ``nodes`` × 8 GPUs at 1 s for ``seconds``; what was stored, how fast
     over the steady part (after WARMUP_S, until the last publish), and the lag
     of the rows sampled in this phase."""
     templates = [Template(node_event(f"p{number}-{i:05d}")) for i in range(nodes)]
     plan, first = plan_run(templates, seconds, number)
     sent = seconds * nodes
-    before = await stored_messages(bus)
+    before = await stored_messages(bus, instances)
 
     async def stored_now() -> int:
-        return await stored_messages(bus) - before
+        return await stored_messages(bus, instances) - before
 
     done = await offer(url, plan, stored_now, sent, first, pids)
     del plan
     stored, rate = done.stored, done.rate * GPUS_PER_NODE
-    lag = (await lens(bus, "ingest_lag_between", since_ms=int(first * 1000),
-                      until_ms=int((first + seconds) * 1000)))[0]
-    return {"seconds": seconds, "messages_published": sent,
+    if instances:  # one store per replica: the lag is read from all of them afterwards
+        lag: dict[str, object] = {"p50_s": float("nan"), "p99_s": float("nan"),
+                                  "max_s": float("nan")}
+    else:
+        lag = (await lens(bus, "ingest_lag_between", since_ms=int(first * 1000),
+                          until_ms=int((first + seconds) * 1000)))[0]
+    return {"seconds": seconds, "window_ms": [int(first * 1000), int((first + seconds) * 1000)],
+            "messages_published": sent,
             "messages_stored": stored, "offered_gpu_rows_per_s": nodes * GPUS_PER_NODE,
             "stored_gpu_rows_per_s": round(rate), "drained_s": done.drained_s,
             "lag_p50_s": lag["p50_s"], "lag_p99_s": lag["p99_s"], "lag_max_s": lag["max_s"],
@@ -305,7 +319,7 @@ class Offered:
 
 
 async def offer(url: str, plan: list[tuple[float, bytes]], stored: Callable[[], Awaitable[int]],
-                expected: int, first: float, pids: dict[str, int], *,
+                expected: int, first: float, pids: dict[str, list[int]], *,
                 publisher: str = "bench-agents") -> Offered:
     """Publish ``plan`` while sampling ``stored()`` every 0.25 s, then wait
     until ``expected`` is stored or the count has not moved for 30 s. The
@@ -313,7 +327,7 @@ async def offer(url: str, plan: list[tuple[float, bytes]], stored: Callable[[], 
     from ``first``, until the last publish): the count moves in steps of one
     insert (about a second of data), so two end points would be off by up
     to one insert."""
-    cpu0 = {k: cpu_seconds(pid) for k, pid in pids.items()}
+    cpu0 = {k: sum(map(cpu_seconds, ps)) for k, ps in pids.items()}
     samples: list[tuple[float, int]] = []
 
     async def watch() -> None:
@@ -332,7 +346,7 @@ async def offer(url: str, plan: list[tuple[float, bytes]], stored: Callable[[], 
         if count != last:
             last, last_change = count, time.time()
         await asyncio.sleep(0.1)
-    cpu = {k: cpu_seconds(pid) - cpu0[k] for k, pid in pids.items()}
+    cpu = {k: sum(map(cpu_seconds, ps)) - cpu0[k] for k, ps in pids.items()}
     steady = [(t, n) for t, n in samples if first + WARMUP_S <= t <= published_at]
     try:
         rate = statistics.linear_regression([t for t, _ in steady],
@@ -361,54 +375,170 @@ def stop_collector(proc: subprocess.Popen[bytes]) -> None:
 
 
 @contextlib.asynccontextmanager
-async def collector_stack(tmp: Path) -> AsyncIterator[tuple[str, Bus, dict[str, int]]]:
-    """A nats-server and a lens-collector process answering queries, under
-    ``tmp``: (the server's URL, a bus connection, the pids whose CPU a phase
-    counts)."""
+async def collector_stack(tmp: Path, collectors: int = 1
+                          ) -> AsyncIterator[tuple[str, Bus, dict[str, list[int]], list[str]]]:
+    """A nats-server and ``collectors`` lens-collector processes answering,
+    under ``tmp``: (the server's URL, a bus connection, the pids whose CPU a
+    phase counts, the replicas' instance names: none for a lone collector).
+    Replicas share the consumers; each has a chDB store of its own (chDB is
+    one engine per process), as shards of one ClickHouse would."""
     server = NatsServer(tmp / "nats").start(tmp / "nats.log")
-    collector = start_collector(server.url, tmp / "chdb", tmp / "collector.log")
+    instances = [f"lens-{i}" for i in range(collectors)] if collectors > 1 else []
+    procs = [start_collector(server.url, tmp / (name or "chdb"), tmp / f"{name or 'collector'}.log",
+                             name or None) for name in instances or [""]]
     bus = await Bus.connect(server.url, "bench")
     try:
         await bus.ensure_topology()
         await wait_answering(bus)
+        for name in instances:
+            while await stored_messages(bus, [name]) < 0:
+                await asyncio.sleep(0.2)
         assert server.proc is not None
-        yield server.url, bus, {"collector": collector.pid, "nats_server": server.proc.pid,
-                                "publisher": os.getpid()}
+        yield server.url, bus, {"collector": [p.pid for p in procs],
+                                "nats_server": [server.proc.pid],
+                                "publisher": [os.getpid()]}, instances
     finally:
         await bus.close()
-        stop_collector(collector)
+        for proc in procs:
+            stop_collector(proc)
         server.stop()
 
 
+STORE_FIGURES = """
+import json, sys
+import clickhouse_connect
+client = clickhouse_connect.get_client(dsn="chdb://" + sys.argv[1])
+windows = json.loads(sys.argv[2])
+lag = [dict(client.query(
+    "SELECT intDiv(dateDiff('millisecond', time, received), 10), count() "
+    "FROM primus.gpu_metrics WHERE time >= fromUnixTimestamp64Milli({a:Int64}, 'UTC') "
+    "AND time < fromUnixTimestamp64Milli({b:Int64}, 'UTC') GROUP BY 1",
+    parameters={"a": a, "b": b}).result_rows) for a, b in windows]
+rows, distinct = client.query(
+    "SELECT count(), uniqExact(event_id, gpu) FROM primus.gpu_metrics").result_rows[0]
+print(json.dumps({"lag": lag, "rows": rows, "distinct": distinct}))
+"""
+
+
+def quantile_10ms(histogram: dict[int, int], q: float) -> float:
+    """The ``q`` quantile, in seconds, of a histogram of 10 ms buckets."""
+    total, seen = sum(histogram.values()), 0
+    for bucket in sorted(histogram):
+        seen += histogram[bucket]
+        if seen >= q * total:
+            return bucket / 100
+    return float("nan")
+
+
+def store_figures(tmp: Path, instances: list[str], phases: list[dict[str, object]]
+                  ) -> tuple[int, int]:
+    """After the replicas stopped: each phase's lag over every store (merged
+    10 ms histograms), and the GPU rows stored and distinct over all stores
+    (nothing is killed here, so no row is in two stores)."""
+    windows = json.dumps([p["window_ms"] for p in phases])
+    root = Path(__file__).resolve().parents[1]
+    found = [json.loads(subprocess.run(
+        [sys.executable, "-c", STORE_FIGURES, str(tmp / name), windows], cwd=root, check=True,
+        capture_output=True, text=True).stdout) for name in instances]
+    for k, figures in enumerate(phases):
+        merged: dict[int, int] = {}
+        for store in found:
+            for bucket, count in store["lag"][k].items():
+                merged[int(bucket)] = merged.get(int(bucket), 0) + count
+        figures.update(lag_p50_s=quantile_10ms(merged, 0.5), lag_p99_s=quantile_10ms(merged, 0.99),
+                       lag_max_s=max(merged, default=0) / 100)
+    return sum(s["rows"] for s in found), sum(s["distinct"] for s in found)
+
+
 async def pipeline(gpus: int, seconds: int, steps: int, step_seconds: int, step_factor: float,
-                   tmp: Path) -> dict[str, object]:
+                   tmp: Path, collectors: int = 1) -> dict[str, object]:
     nodes = gpus // GPUS_PER_NODE
-    async with collector_stack(tmp) as (url, bus, pids):
+    async with collector_stack(tmp, collectors) as (url, bus, pids, instances):
         load0 = os.getloadavg()[0]
-        target = await phase(bus, url, nodes, seconds, 0, pids)
+        target = await phase(bus, url, nodes, seconds, 0, pids, instances)
         ramp = []
         for k in range(1, steps + 1):
             ramp.append(await phase(bus, url, round(nodes * step_factor ** k),
-                                    step_seconds, k, pids))
-        counts = {r["table"]: r for r in await lens(bus, "table_counts")}
-        health = await bus.request("safe.health.lens-collector", timeout_s=30)
+                                    step_seconds, k, pids, instances))
+        if not instances:
+            counts = {r["table"]: r for r in await lens(bus, "table_counts")}
+            rows, distinct = counts["gpu_metrics"]["rows"], counts["gpu_metrics"]["distinct_ids"]
+            health = await bus.request("safe.health.lens-collector", timeout_s=30)
+        else:
+            health = {}
         stream = await bus.js.stream_info("TELEMETRY")
-        published = sum(int(p["messages_published"]) for p in [target, *ramp])  # type: ignore[call-overload]
-        return {
-            "target": target, "ramp": ramp,
-            "sustained_gpu_rows_per_s": max(int(p["stored_gpu_rows_per_s"])  # type: ignore[call-overload]
-                                            for p in [target, *ramp]),
-            "messages_published": published, "messages_in_stream": stream.state.messages,
-            "gpu_rows_expected": published * GPUS_PER_NODE,
-            "gpu_rows_stored": counts["gpu_metrics"]["rows"],
-            "gpu_rows_distinct": counts["gpu_metrics"]["distinct_ids"],
-            "message_bytes": len(Template(node_event("gpu-00000")).render(
-                "0" * 32, "2026-01-01T00:00:00.000000Z")),
-            "load1_at_start": round(load0, 2), "cpus": os.cpu_count(),
-            "collector_inserts": health.get("inserts"),
-            "collector_insert_s": health.get("insert_s"),
-            "collector_redelivered": health.get("redelivered"),
-        }
+    if instances:
+        rows, distinct = store_figures(tmp, instances, [target, *ramp])
+    published = sum(int(p["messages_published"]) for p in [target, *ramp])  # type: ignore[call-overload]
+    return {
+        "collectors": collectors,
+        "target": target, "ramp": ramp,
+        "sustained_gpu_rows_per_s": max(int(p["stored_gpu_rows_per_s"])  # type: ignore[call-overload]
+                                        for p in [target, *ramp]),
+        "messages_published": published, "messages_in_stream": stream.state.messages,
+        "gpu_rows_expected": published * GPUS_PER_NODE,
+        "gpu_rows_stored": rows, "gpu_rows_distinct": distinct,
+        "message_bytes": len(Template(node_event("gpu-00000")).render(
+            "0" * 32, "2026-01-01T00:00:00.000000Z")),
+        "load1_at_start": round(load0, 2), "cpus": os.cpu_count(),
+        "collector_inserts": health.get("inserts"),
+        "collector_insert_s": health.get("insert_s"),
+        "collector_redelivered": health.get("redelivered"),
+    }
+
+
+def stops_at(rates: list[int], gain: float = 1.1) -> int | None:
+    """The replica count after which one more adds less than ``gain``
+    (``rates[i]``: the sustained rate with i + 1 replicas); None: it scales
+    through the last count."""
+    for n, (a, b) in enumerate(zip(rates, rates[1:], strict=False), start=1):
+        if b < gain * a:
+            return n
+    return None
+
+
+def scaling(args: argparse.Namespace, tmp: Path) -> int:
+    """``--collectors N``: the same phases with 1, 2, ... N replicas, each
+    run on a fresh server and stores; the sustained rate of each against one
+    replica's, measured in the same run, and where adding one stops paying."""
+    runs = []
+    for n in range(1, args.collectors + 1):
+        run = asyncio.run(pipeline(args.gpus, args.seconds, args.steps, args.step_seconds,
+                                   args.step_factor, tmp / f"n{n}", n))
+        runs.append(run)
+    one = int(runs[0]["sustained_gpu_rows_per_s"])  # type: ignore[call-overload]
+    stops = stops_at([int(r["sustained_gpu_rows_per_s"]) for r in runs])  # type: ignore[call-overload]
+    figures = []
+    for run in runs:
+        target: dict = run["target"]  # type: ignore[type-arg, assignment]
+        value = int(run["sustained_gpu_rows_per_s"])  # type: ignore[call-overload]
+        complete = run["gpu_rows_stored"] == run["gpu_rows_expected"] == run["gpu_rows_distinct"]
+        cpu = float(target["cpu_us_per_gpu_row_collector"])
+        figures.append({"collectors": run["collectors"], "sustained_gpu_rows_per_s": value,
+                        "ratio_to_one": round(value / one, 3), "complete": complete,
+                        "target_kept_up": target["messages_stored"] == target["messages_published"],
+                        "target_lag_p99_s": target["lag_p99_s"],
+                        "collector_cpu_us_per_gpu_row": cpu,
+                        **{k: run[k] for k in ("gpu_rows_expected", "gpu_rows_stored",
+                                               "gpu_rows_distinct", "messages_published",
+                                               "messages_in_stream")},
+                        "drained_s": [p["drained_s"] for p in [target, *run["ramp"]]]})  # type: ignore[attr-defined]
+        print(f"{run['collectors']} collector(s): sustained {value:>7} GPU-rows/s "
+              f"({value / one:.2f}x one), target {target['offered_gpu_rows_per_s']} GPU-rows/s "
+              f"{'kept up' if figures[-1]['target_kept_up'] else 'FELL BEHIND'}, lag p99 "
+              f"{target['lag_p99_s']:.2f} s, collectors' CPU {cpu} µs per GPU row"
+              + ("" if complete else f"  <-- INCOMPLETE: {run['gpu_rows_stored']} GPU rows "
+                 f"stored ({run['gpu_rows_distinct']} distinct) of {run['gpu_rows_expected']}, "
+                 f"{run['messages_in_stream']} of {run['messages_published']} messages in "
+                 "the stream"))
+    print(f"scaling stops at           {stops or args.collectors} collector(s) on "
+          f"{os.cpu_count()} CPUs (the next one adds under 10%)" if stops else
+          f"scaling holds up to        {args.collectors} collectors on {os.cpu_count()} CPUs")
+    best = max(f["sustained_gpu_rows_per_s"] for f in figures)
+    print(json.dumps({"name": "lens_ingest_scaling", "value": best, "unit": "GPU-rows/s",
+                      "baseline": one, "baseline_name": "one collector, same run",
+                      "ratio": round(best / one, 3), "stops_at": stops, "runs": figures}))
+    return 0 if all(f["complete"] for f in figures) else 1
 
 
 def main() -> int:
@@ -419,9 +549,14 @@ def main() -> int:
     parser.add_argument("--step-seconds", type=int, default=12)
     parser.add_argument("--step-factor", type=float, default=1.15)
     parser.add_argument("--ceiling-rounds", type=int, default=3)
+    parser.add_argument("--collectors", type=int, default=1,
+                        help="above 1: the phases with 1, 2, ... this many replicas sharing "
+                        "the consumers, and where adding one stops paying")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="lens-ingest-") as tmp_dir:
         tmp = Path(tmp_dir)
+        if args.collectors > 1:
+            return scaling(args, tmp)
         raw = ceiling(f"chdb://{tmp / 'ceiling'}", args.gpus // GPUS_PER_NODE,
                       args.ceiling_rounds)
         run = asyncio.run(pipeline(args.gpus, args.seconds, args.steps, args.step_seconds,

@@ -265,9 +265,11 @@ QUERIES: dict[str, NamedQuery] = {
            ORDER BY id LIMIT {limit:UInt32}""",
         {"limit": "UInt32"}, {"limit": 1_000_000}, "every stored event id with its copies"),
     "table_rows": NamedQuery(
-        """SELECT table, sum(rows) AS rows FROM system.parts
+        """SELECT table, sum(rows) AS rows, sum(bytes_on_disk) AS bytes_on_disk,
+                  sum(data_uncompressed_bytes) AS uncompressed_bytes FROM system.parts
            WHERE database = {database:String} AND active GROUP BY table ORDER BY table""",
-        {"database": "String"}, {}, "rows per table (before merges)"),
+        {"database": "String"}, {},
+        "rows, bytes on disk and uncompressed bytes per table (active parts, before merges)"),
 }
 
 
