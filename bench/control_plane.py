@@ -267,15 +267,29 @@ async def stream_bytes(bus: Bus) -> dict[str, int]:
             for name in (CONTROL.name, TELEMETRY.name)}
 
 
-async def parts_bytes(bus: Bus) -> int:
-    """Bytes on disk of the Lens tables' active parts (ClickHouse's own
-    count: parts a merge replaced and not yet deleted are not in it)."""
+async def parts(bus: Bus) -> dict[str, tuple[int, int]]:
+    """Each Lens table's active parts: (rows, bytes on disk), ClickHouse's
+    own count (parts a merge replaced and not yet deleted are not in it)."""
     reply = await bus.request("safe.query.lens.query", {
         "query": "table_rows", "params": {"database": "primus"}}, timeout_s=30)
     if not reply.get("ok"):
         raise RuntimeError(reply)
-    at = reply["columns"].index("bytes_on_disk")
-    return sum(int(row[at]) for row in reply["rows"])
+    at = {c: reply["columns"].index(c) for c in ("table", "rows", "bytes_on_disk")}
+    return {row[at["table"]]: (int(row[at["rows"]]), int(row[at["bytes_on_disk"]]))
+            for row in reply["rows"]}
+
+
+def stored_bytes(before: dict[str, tuple[int, int]], after: dict[str, tuple[int, int]]
+                 ) -> int:
+    """Bytes the rows added between two ``parts`` readings take, at each
+    table's bytes per row at the end: steadier than the bytes' own growth,
+    which swings with the merges under way."""
+    total = 0.0
+    for table, (rows, size) in after.items():
+        added = rows - before.get(table, (0, 0))[0]
+        if rows and added > 0:
+            total += added * size / rows
+    return round(total)
 
 
 def du(path: Path) -> int:
@@ -344,7 +358,7 @@ async def one_size(n: int, args: argparse.Namespace, tmp: Path) -> dict[str, Any
                 **{name: [p.pid] for name, p in stack.procs.items()}}
         store = stack.state_dir / "clickhouse"
         cpu0 = {k: sum(map(cpu_seconds, ps)) for k, ps in pids.items()}
-        bytes0, disk0, parts0 = await stream_bytes(bus), du(store), await parts_bytes(bus)
+        bytes0, disk0, parts0 = await stream_bytes(bus), du(store), await parts(bus)
         t0, me0 = time.time(), time.process_time()
         sampler = asyncio.create_task(sample_consumers(bus, series, stop_window))
         trickler = asyncio.create_task(trickle(bus, fleet, args.state_changes, args.job_every,
@@ -363,7 +377,7 @@ async def one_size(n: int, args: argparse.Namespace, tmp: Path) -> dict[str, Any
         cpu["publisher (this process)"] = (time.process_time() - me0) / elapsed
         grown = {k: v - bytes0[k] for k, v in (await stream_bytes(bus)).items()}
         grown["ClickHouse (on disk)"] = du(store) - disk0
-        grown["ClickHouse (active parts)"] = await parts_bytes(bus) - parts0
+        grown["ClickHouse (rows stored)"] = stored_bytes(parts0, await parts(bus))
         collector = await bus.request("safe.health.lens-collector", timeout_s=10)
         # Detection may still be under way for the last ones: give it the deadline again.
         names = {fleet.names[i] for i in victims}
@@ -386,7 +400,10 @@ async def one_size(n: int, args: argparse.Namespace, tmp: Path) -> dict[str, Any
     consumers = {
         name: {"stream": s.stream, "service": service_of(name),
                "pending_p50": pct(s.pending, 0.5), "pending_max": max(s.pending, default=0),
-               "lag_p50_s": round(pct(s.lag_s, 0.5), 3), "lag_p99_s": round(pct(s.lag_s, 0.99), 3)}
+               "lag_p50_s": round(pct(s.lag_s, 0.5), 3), "lag_p99_s": round(pct(s.lag_s, 0.99), 3),
+               # A consumer past the goal: its samples (1 s apart), to see a burst from a backlog.
+               **({"pending_samples": s.pending, "lag_samples_s": [round(x, 2) for x in s.lag_s]}
+                  if pct(s.lag_s, 0.99) > GOAL_LAG_P99_S else {})}
         for name, s in sorted(series.items())}
     per_day = {k: v / elapsed * 86400 for k, v in grown.items()}
     result = {

@@ -60,3 +60,10 @@ def test_a_durable_is_named_after_the_service_whose_route_table_declares_it() ->
     assert cp.service_of("bench-agent-jobs-gpu-07") == "bench-agent"  # one per node
     assert cp.service_of("bench-coordinator") == "bench-coordinator"
     assert cp.service_of("someone-elses") == "someone-elses"
+
+
+def test_clickhouse_growth_is_the_rows_added_at_each_tables_bytes_per_row() -> None:
+    before = {"gpu_metrics": (1000, 9000), "events": (10, 5000)}
+    after = {"gpu_metrics": (3000, 15000), "events": (10, 4000), "logs": (50, 500)}
+    # 2,000 GPU rows at 5 bytes each, no new event, 50 log rows at 10 bytes
+    assert cp.stored_bytes(before, after) == 2000 * 5 + 50 * 10
