@@ -117,6 +117,74 @@ def test_every_panel_query_returns_rows_on_the_real_schema(seeded, name: str) ->
     assert not empty, f"{name}: panels without rows: {empty}"
 
 
+def _variables(client: Any, doc: dict[str, Any], window: dict[str, Any]) -> dict[str, str]:
+    """Each template variable: the first value its own query returns."""
+    variables: dict[str, str] = {}
+    for var in doc["templating"]["list"]:
+        if var["type"] == "query":
+            rows = client.query(expand(var["query"], variables=variables, **window)).result_rows
+            variables[var["name"]] = str(rows[0][0]) if rows else ""
+    return variables
+
+
+def _series_targets(doc: dict[str, Any]) -> list[tuple[str, str]]:
+    """(title, SQL) of the panels that bucket time with the plugin's macro."""
+    return [(panel["title"], target["rawSql"]) for panel in panels(doc)
+            for target in panel["targets"] if "$__timeInterval" in target["rawSql"]
+            and "$__timeFilter" in target["rawSql"]]
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_a_time_series_keeps_the_bucket_the_window_starts_in(seeded, name: str) -> None:  # type: ignore[no-untyped-def]
+    """``$__timeInterval(time) AS time ... $__timeFilter(time)`` filters on
+    the bucket, not the sample: ClickHouse reads an unqualified ``time`` in
+    WHERE as the SELECT's alias, so the bucket the window starts in (which
+    begins before it) would be dropped. With the macros expanded as the
+    plugin does, a window starting 1 s into a bucket must still show that
+    bucket wherever samples fall after that second."""
+    client, _ = seeded
+    doc = json.loads((DASHBOARDS / name).read_text())
+    end = time.time() + 2
+    wide = {"start": end - 3600, "end": end, "interval_s": 60}
+    variables = _variables(client, doc, wide)
+    checked = 0
+    for title, sql in _series_targets(doc):
+        fine = client.query(expand(sql, variables=variables, **{**wide, "interval_s": 1}))
+        at = fine.column_names.index("time")
+        seconds = sorted({row[at].timestamp() for row in fine.result_rows})
+        if not seconds:
+            continue
+        first = seconds[0] - seconds[0] % 60  # the first minute bucket with samples
+        if not any(first + 1 <= s < first + 60 for s in seconds):
+            continue  # nothing after its first second: no case to check here
+        narrow = client.query(expand(sql, variables=variables, start=first + 1, end=end,
+                                     interval_s=60))
+        buckets = {row[narrow.column_names.index("time")].timestamp()
+                   for row in narrow.result_rows}
+        assert first in buckets, (f"{name}: panel {title!r} drops the bucket its window "
+                                  f"starts in: filter on the table's column, not the alias")
+        checked += 1
+    assert checked or not _series_targets(doc), f"{name}: no time series could be checked"
+
+
+@pytest.mark.parametrize("name", ["job-detail.json", "node-detail.json"])
+def test_a_logs_panel_shows_the_message_as_the_line(seeded, name: str) -> None:  # type: ignore[no-untyped-def]
+    """Grafana's logs panel takes the first text column as the log line: it
+    must be the message (``body``), with the level a column of its own."""
+    client, _ = seeded
+    doc = json.loads((DASHBOARDS / name).read_text())
+    end = time.time() + 2
+    window = {"start": end - 3600, "end": end, "interval_s": 60}
+    variables = _variables(client, doc, window)
+    logs = [t["rawSql"] for p in panels(doc) if p["type"] == "logs" for t in p["targets"]]
+    assert logs, name
+    for sql in logs:
+        result = client.query(expand(sql, variables=variables, **window))
+        text = [n for n, t in zip(result.column_names, result.column_types, strict=True)
+                if "String" in t.name]
+        assert text[0] == "body" and "level" in result.column_names, (name, text)
+
+
 def _blank(value: object) -> bool:
     return value is None or (isinstance(value, float) and math.isnan(value))
 
