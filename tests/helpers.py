@@ -101,19 +101,22 @@ async def ready_nodes(bus: Bus, nodes: dict[str, tuple[int, str]]) -> None:
                                            data=NodeStateData(state="ready")))
 
 
-async def until(fn, what: str, timeout: float = 60) -> Any:  # type: ignore[no-untyped-def]
-    """The first truthy value of ``await fn()``, asking every 0.2 s (an
-    exception counts as not yet: the service may still be starting)."""
+async def until(fn, what: str, timeout: float = 60, every: float = 0.2) -> Any:  # type: ignore[no-untyped-def]
+    """The first truthy value of ``await fn()``, asking every ``every`` s (an
+    exception counts as not yet: the service may still be starting, a
+    stream electing its leader); the last one is named if time runs out."""
     deadline = time.monotonic() + timeout
+    last: Exception | None = None
     while time.monotonic() < deadline:
         try:
             value = await fn()
-        except Exception:
-            value = None
+        except Exception as exc:
+            value, last = None, exc
         if value:
             return value
-        await asyncio.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(every)
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}"
+                         + (f" (last error: {last!r})" if last else ""))
 
 
 def job_record(job: str, status: str, *nodes: str) -> bytes:

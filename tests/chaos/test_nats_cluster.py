@@ -19,7 +19,6 @@ import contextlib
 import json
 import time
 import urllib.request
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +30,7 @@ from libs.events import JobSpec, JobSubmitted, JobSubmittedData, parse_event
 from libs.routes import health_endpoint
 from libs.sdk import latest_complete_checkpoint
 from tests.chaos.invariants import history_violations, quarantine_violations
-from tests.helpers import ROOT
+from tests.helpers import ROOT, lens_rows, until
 
 pytestmark = [pytest.mark.chaos, pytest.mark.e2e, pytest.mark.timeout(420)]
 
@@ -39,22 +38,6 @@ NODES = WORKERS = 2
 ITERATIONS, CHECKPOINT_INTERVAL = 3000, 50
 DOWN_S = 5.0  # how long the killed server stays down: past failover's 3 s deadline
 WORKER = Path(__file__).with_name("chaos_worker.py")
-
-
-async def poll(fn: Callable[[], Awaitable[Any]], what: str, timeout: float,
-               every: float = 0.3) -> Any:
-    """Until ``fn`` returns something true; errors (a leader election) are retried."""
-    deadline = time.monotonic() + timeout
-    last: Exception | None = None
-    while time.monotonic() < deadline:
-        try:
-            if result := await fn():
-                return result
-        except Exception as exc:
-            last = exc
-        await asyncio.sleep(every)
-    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what} "
-                         f"(last error: {last!r})")
 
 
 def monitor(server: NatsServer, path: str) -> dict[str, Any]:
@@ -103,13 +86,13 @@ async def _run(stack: EmbeddedStack, victim: str, tmp_path: Path, log: list[str]
         async def nodes() -> dict[str, Any]:
             return {k: json.loads((await kv.get(k)).value) for k in await kv.keys()}
 
-        kv = await poll(lambda: bus.kv("nodes"), "the nodes bucket", 60)
+        kv = await until(lambda: bus.kv("nodes"), "the nodes bucket", 60)
 
         async def all_ready() -> bool:
             found = await nodes()
             return len(found) == NODES and all(n["state"] == "ready" for n in found.values())
 
-        await poll(all_ready, "every node to pass onboarding", 180)
+        await until(all_ready, "every node to pass onboarding", 180)
         info = await bus.js.stream_info("CONTROL")
         assert info.config.num_replicas == 3 and info.cluster is not None
         note(f"nodes ready; CONTROL at R3, leader {info.cluster.leader}")
@@ -133,7 +116,7 @@ async def _run(stack: EmbeddedStack, victim: str, tmp_path: Path, log: list[str]
         async def training() -> bool:
             return (await record())["status"] == "running" and newest() >= CHECKPOINT_INTERVAL
 
-        await poll(training, "the job to run and write its first checkpoint", 120)
+        await until(training, "the job to run and write its first checkpoint", 120)
 
         # The victim, and who was on it.
         if victim == "busiest":  # the server most services are connected to
@@ -148,7 +131,7 @@ async def _run(stack: EmbeddedStack, victim: str, tmp_path: Path, log: list[str]
         target.kill()
         note(f"SIGKILL {target.name} at step {step} (services on it: {hit})")
         await asyncio.sleep(DOWN_S)
-        status = (await poll(record, "the job record", 30))["status"]
+        status = (await until(record, "the job record", 30))["status"]
         assert status == "running", f"the job is {status} after the outage"
         await asyncio.to_thread(target.start, stack.state_dir / "logs" / f"{target.name}.log")
         note(f"{target.name} restarted at step {newest()}")
@@ -157,7 +140,7 @@ async def _run(stack: EmbeddedStack, victim: str, tmp_path: Path, log: list[str]
             r = await record()
             return r if r["status"] in ("completed", "failed") else None
 
-        final = await poll(ended, f"job {job} to end", 300)
+        final = await until(ended, f"job {job} to end", 300)
         note(f"job {final['status']} after {final['attempt']} attempt(s) at step {newest()}")
         assert final["status"] == "completed", final
 
@@ -167,18 +150,17 @@ async def _run(stack: EmbeddedStack, victim: str, tmp_path: Path, log: list[str]
             return [parse_event((await bus.js.get_msg("CONTROL", s)).data).id
                     for s in range(1, last + 1)]
 
-        published = await poll(stream, "the CONTROL stream", 30)
+        published = await until(stream, "the CONTROL stream", 30)
 
         async def stored() -> dict[str, int] | None:
-            rows = await _lens(bus, "event_ids")
+            rows = await lens_rows(bus, "event_ids")
             copies = {r["id"]: r["copies"] for r in rows}
             return copies if set(published) <= set(copies) else None
 
         with contextlib.suppress(AssertionError):  # what is missing is named below
-            await poll(stored, "every control event in the history table", 60, every=1.0)
-        found = history_violations(await stream(),
-                                   {r["id"]: r["copies"] for r in await _lens(bus, "event_ids")},
-                                   settled=len(published))
+            await until(stored, "every control event in the history table", 60, every=1.0)
+        copies = {r["id"]: r["copies"] for r in await lens_rows(bus, "event_ids")}
+        found = history_violations(await stream(), copies, settled=len(published))
         # No node faulted for a server's death.
         faults = [json.loads((await (await bus.kv("faults")).get(k)).value)
                   for k in await _keys(bus, "faults")]
@@ -206,14 +188,7 @@ async def _run(stack: EmbeddedStack, victim: str, tmp_path: Path, log: list[str]
 async def _health(bus: Bus, service: str) -> dict[str, Any]:
     async def ask() -> dict[str, Any]:
         return await bus.request(health_endpoint(service).subject, {}, timeout_s=5)
-    return await poll(ask, f"{service}'s health", 60)
-
-
-async def _lens(bus: Bus, query: str, **params: object) -> list[dict[str, Any]]:
-    reply = await bus.request("safe.query.lens.query", {"query": query, "params": params},
-                              timeout_s=20)
-    assert reply["ok"], reply
-    return [dict(zip(reply["columns"], r, strict=True)) for r in reply["rows"]]
+    return await until(ask, f"{service}'s health", 60)
 
 
 async def _keys(bus: Bus, bucket: str) -> list[str]:

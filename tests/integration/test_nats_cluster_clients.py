@@ -8,28 +8,13 @@ signs them in there."""
 from __future__ import annotations
 
 import asyncio
-import time
-from collections.abc import Awaitable, Callable
-from typing import Any
 
 from libs import natsfast
 from libs.beats import BeatListener
 from libs.bus import Bus
 from libs.embedded import NatsCluster, NatsServer
 from libs.events import HeartbeatData, NodeHeartbeat
-
-
-async def eventually(fn: Callable[[], Awaitable[Any]], what: str, timeout: float = 30) -> Any:
-    deadline = time.monotonic() + timeout
-    last: Exception | None = None
-    while time.monotonic() < deadline:
-        try:
-            if result := await fn():
-                return result
-        except Exception as exc:  # a leader election under way
-            last = exc
-        await asyncio.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what} (last error {last!r})")
+from tests.helpers import until
 
 
 def on(cluster: NatsCluster, bus: Bus) -> NatsServer:
@@ -58,7 +43,7 @@ async def test_a_login_in_one_servers_url_signs_in_on_the_others(
         async def published() -> int:
             return (await bus.js.publish("safe.job.j1.placed", b"{}", timeout=2)).seq
 
-        seq = await eventually(published, "a publish through another member")
+        seq = await until(published, "a publish through another member")
         assert seq == before + 1
         assert bus.link.state == "connected" and on(nats_cluster, bus) is not first
         assert bus.link.disconnects == 1
@@ -72,7 +57,7 @@ async def test_lean_connections_take_the_members_that_are_up(
     lean connections every member it knows, the announced ones included."""
     bus = await Bus.connect(nats_cluster.servers[1].url, "test")
     try:
-        await eventually(lambda: asyncio.sleep(0, len(bus.nc.servers) == 3),
+        await until(lambda: asyncio.sleep(0, len(bus.nc.servers) == 3),
                          "the cluster to announce its members")
         assert bus.url is not None and len(bus.url.split(",")) == 3
         assert all("platform:cluster-test@" in u for u in bus.url.split(","))
@@ -94,7 +79,7 @@ async def test_heartbeats_are_heard_again_after_the_listeners_server_dies(
     heard: list[str] = []
     listener = BeatListener(listener_bus, lambda nodes, _at: heard.extend(nodes))
     try:
-        await eventually(lambda: asyncio.sleep(0, len(listener_bus.nc.servers) == 3),
+        await until(lambda: asyncio.sleep(0, len(listener_bus.nc.servers) == 3),
                          "the cluster to announce its members")
         await listener.start()
         assert listener.lean
@@ -104,9 +89,9 @@ async def test_heartbeats_are_heard_again_after_the_listeners_server_dies(
             await asyncio.sleep(0.1)
             return node in heard
 
-        await eventually(lambda: heard_one("n1"), "a beat before the kill")
+        await until(lambda: heard_one("n1"), "a beat before the kill")
         nats_cluster.servers[0].kill()
-        await eventually(lambda: heard_one("n2"), "a beat after the listener's server died")
+        await until(lambda: heard_one("n2"), "a beat after the listener's server died")
         assert listener.connects == 2 and listener.connected
     finally:
         await listener.stop()
