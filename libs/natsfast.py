@@ -77,6 +77,8 @@ async def connect(url: str, token: str | None, name: str
     done). ``url`` may list several servers (a cluster): they are tried in
     turn from a random one, and the last refusal is raised when none takes us."""
     listed = servers(url)
+    if not listed:
+        raise ConnectionError("no NATS server to connect to (an empty URL)")
     first = random.randrange(len(listed))
     error: Exception = ConnectionError(f"no NATS server in {url!r}")
     for one in listed[first:] + listed[:first]:
