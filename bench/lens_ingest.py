@@ -201,8 +201,9 @@ def start_collector(nats_url: str, chdb: Path, log: Path, instance: str | None =
                PRIMUS_CLICKHOUSE_DATABASE=DB, PRIMUS_LOG_LEVEL="warning",
                **({"PRIMUS_INSTANCE": instance} if instance else {}))
     root = Path(__file__).resolve().parents[1]
-    return subprocess.Popen([sys.executable, "-m", "cli.main", "lens-collector"], env=env,
-                            cwd=root, stdout=log.open("wb"), stderr=subprocess.STDOUT)
+    with log.open("ab") as out:  # a restarted replica goes on in the same log
+        return subprocess.Popen([sys.executable, "-m", "cli.main", "lens-collector"], env=env,
+                                cwd=root, stdout=out, stderr=subprocess.STDOUT)
 
 
 async def lens(bus: Bus, query: str, **params: object) -> list[dict[str, object]]:
@@ -228,6 +229,12 @@ async def stored_messages(bus: Bus, instances: list[str] | None = None) -> int:
     return total
 
 
+def message_id(phase: int, second: int, burst: int, n: int) -> str:
+    """The id (32 characters, unique in the stream) of the ``n``-th message
+    of a burst of a phase's second."""
+    return f"{phase:02d}{second:06d}{burst:04d}{n:020d}"
+
+
 def render(templates: list[Template], seconds: int, start: float, phase: int = 0
            ) -> list[tuple[float, bytes]]:
     """Every burst of a phase as wire frames, each message stamped with the
@@ -243,7 +250,7 @@ def render(templates: list[Template], seconds: int, start: float, phase: int = 0
             due = start + second + s / SLICES
             stamp = iso_stamp(due)
             plan.append((due, b"".join(
-                t.frame(f"{phase:02d}{second:06d}{s:04d}{n:020d}", stamp)  # unique in the stream
+                t.frame(message_id(phase, second, s, n), stamp)
                 for n, t in enumerate(batch))))
     return plan
 
@@ -383,9 +390,12 @@ async def collector_stack(tmp: Path, collectors: int = 1
     Replicas share the consumers; each has a chDB store of its own (chDB is
     one engine per process), as shards of one ClickHouse would."""
     server = NatsServer(tmp / "nats").start(tmp / "nats.log")
-    instances = [f"lens-{i}" for i in range(collectors)] if collectors > 1 else []
-    procs = [start_collector(server.url, tmp / (name or "chdb"), tmp / f"{name or 'collector'}.log",
-                             name or None) for name in instances or [""]]
+    # (instance, store): a lone collector keeps the single-collector names.
+    replicas = ([(f"lens-{i}", tmp / f"lens-{i}") for i in range(collectors)]
+                if collectors > 1 else [(None, tmp / "chdb")])
+    procs = [start_collector(server.url, store, tmp / f"{name or 'collector'}.log", name)
+             for name, store in replicas]
+    instances = [name for name, _ in replicas if name]
     bus = await Bus.connect(server.url, "bench")
     try:
         await bus.ensure_topology()

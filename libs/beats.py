@@ -8,7 +8,7 @@ messages a second: nats-py spends about 30 µs on each (a third of a core),
 so where the URL allows (``libs.natsfast``) the beats come over a lean
 connection of this listener's own, a whole socket read parsed at once and
 handed over as one list of nodes. It reconnects by itself, trying every
-server of the URL in turn; while it is down ``connected`` is False, and a
+server the bus knows in turn; while it is down ``connected`` is False, and a
 judge must take that silence as its own deafness, not the nodes' death.
 Elsewhere (TLS, credential files) it is a nats-py subscription that only
 reads the subject.
@@ -25,7 +25,6 @@ from typing import Any
 from libs import natsfast
 from libs.events import NodeHeartbeat
 from libs.logs import get_logger
-from libs.nats_urls import servers as nats_servers
 from libs.routes import event_subject
 from libs.tasks import cancel_and_wait
 
@@ -101,15 +100,13 @@ class BeatListener:
     # ------------------------------------------------------------------ lean
 
     async def _run(self) -> None:
-        attempt, said, first = 0, False, self._bus.url or ""
+        said, first = False, self._bus.url or ""
         while True:
-            # The servers the main client knows now: a cluster's members it
-            # was told of, and those the cluster announced since.
-            servers = nats_servers(self._bus.url or first)
-            url = servers[attempt % len(servers)]
-            attempt += 1
+            # Every server the main client knows now (a cluster's members it
+            # was told of, and those the cluster announced since), in turn.
             try:
-                reader, writer = await natsfast.connect(url, self._bus.token, self._name)
+                reader, writer = await natsfast.connect(self._bus.url or first, self._bus.token,
+                                                        self._name)
             except (OSError, ConnectionError, TimeoutError) as exc:
                 if not said:
                     self._log.warning("cannot reach NATS for heartbeats; retrying",
@@ -124,12 +121,14 @@ class BeatListener:
             except (OSError, ValueError, IndexError, ConnectionError) as exc:
                 self._log.warning("heartbeat connection lost", error=repr(exc))
             finally:
-                if self._up:
+                was_up, self._up = self._up, False
+                if was_up:
                     self._log.warning("heartbeat connection down; reconnecting")
-                self._up = False
                 with contextlib.suppress(Exception):
                     writer.close()
-            await asyncio.sleep(RETRY_S if attempt % len(servers) == 0 else 0)
+            # A connection that was up goes again at once (its server died:
+            # another one takes over); one that never took the SUB waits.
+            await asyncio.sleep(0 if was_up else RETRY_S)
 
     async def _read(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         buf = bytearray()

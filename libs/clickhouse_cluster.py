@@ -46,6 +46,16 @@ class Layout:
         if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", self.cluster):
             raise ClusterDDLError(f"cluster name {self.cluster!r}: use letters, digits and _")
 
+    @property
+    def on(self) -> str:
+        return f" ON CLUSTER {self.cluster}"
+
+
+def data_table(name: str, layout: Layout | None) -> str:
+    """The table that holds ``name``'s rows (and its TTL, its indexes): the
+    shard's ``<name>_local`` on a cluster, the table itself on one server."""
+    return f"{name}{LOCAL}" if layout is not None and name in layout.sharding else name
+
 
 _NAME = r"(?P<db>\w+)\.(?P<name>\w+)"
 _CREATE_TABLE = re.compile(rf"^\s*CREATE TABLE IF NOT EXISTS {_NAME}\s*\(", re.S)
@@ -61,7 +71,7 @@ _COLUMN_CHANGE = re.compile(r"\b(?:ADD|MODIFY|DROP|RENAME|COMMENT) COLUMN\b")
 def render(statement: str, layout: Layout) -> list[str]:
     """``statement`` (its database already filled in) as the statements a
     cluster runs, in order."""
-    on = f" ON CLUSTER {layout.cluster}"
+    on = layout.on
     if m := _DATABASE.match(statement):
         return [statement.rstrip() + on]
     if m := _CREATE_TABLE.match(statement):
@@ -70,7 +80,7 @@ def render(statement: str, layout: Layout) -> list[str]:
         db, name = m["db"], m["name"]
         if name not in layout.sharding:
             return [_after(statement, m, on)]
-        local = _after(statement, m, on, rename=f"{db}.{name}{LOCAL}")
+        local = _after(statement, m, on, rename=f"{db}.{data_table(name, layout)}")
         if _COLUMN_CHANGE.search(statement):  # the Distributed table shows the columns
             return [local, _after(statement, m, on)]
         return [local]  # an index, a TTL, a setting: the data's own table
@@ -84,8 +94,8 @@ def render(statement: str, layout: Layout) -> list[str]:
 def migrations_table(database: str, layout: Layout) -> str:
     """The migrations' bookkeeping: one copy on every server of the cluster
     (no ``{shard}`` in the path), so any collector sees what was applied."""
-    return (f"CREATE TABLE IF NOT EXISTS {database}.schema_migrations ON CLUSTER "
-            f"{layout.cluster} (version UInt32, name String, "
+    return (f"CREATE TABLE IF NOT EXISTS {database}.schema_migrations{layout.on} "
+            "(version UInt32, name String, "
             "applied_at DateTime64(3, 'UTC') DEFAULT now64(3)) "
             f"ENGINE = ReplicatedReplacingMergeTree('/clickhouse/tables/{database}/"
             "schema_migrations', '{replica}') ORDER BY version")
@@ -99,7 +109,7 @@ def _after(statement: str, m: re.Match[str], on: str, rename: str | None = None)
 
 def _create_table(statement: str, m: re.Match[str], layout: Layout) -> list[str]:
     db, name = m["db"], m["name"]
-    on = f" ON CLUSTER {layout.cluster}"
+    on = layout.on
     engine = _ENGINE.search(statement)
     if engine is None:
         raise ClusterDDLError(f"{db}.{name}: no MergeTree or Null engine to place on a cluster")
@@ -107,7 +117,7 @@ def _create_table(statement: str, m: re.Match[str], layout: Layout) -> list[str]
         return [_after(statement, m, on)]
     if name not in layout.sharding:
         raise ClusterDDLError(f"{db}.{name}: no sharding key; add it to the layout")
-    local = f"{name}{LOCAL}"
+    local = data_table(name, layout)
     path = f"'/clickhouse/tables/{{shard}}/{db}/{local}', '{{replica}}'"
     args = f"{path}, {engine['args']}" if engine["args"] else path
     replicated = (statement[:engine.start()] + f"ENGINE = Replicated{engine['engine']}({args})"
@@ -121,8 +131,7 @@ def _create_table(statement: str, m: re.Match[str], layout: Layout) -> list[str]
 
 
 def _view(statement: str, m: re.Match[str], layout: Layout) -> str:
-    on = f" ON CLUSTER {layout.cluster}"
-    rendered = _after(statement, m, on)
+    rendered = _after(statement, m, layout.on)
     if not re.search(r"\bREFRESH\b", statement):
         return rendered  # fed by inserts: writes through the Distributed table
     head, sep, body = rendered.partition(" AS ")

@@ -28,6 +28,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -347,6 +348,13 @@ class NatsServer:
         self.kill()
         return self.start(log_path)
 
+    def client_names(self) -> list[str]:
+        """The names of the clients connected to this server now (its
+        monitoring page /connz; needs ``monitor_port``)."""
+        url = f"http://127.0.0.1:{self.monitor_port}/connz?limit=100000"
+        with urllib.request.urlopen(url, timeout=5) as reply:
+            return [c.get("name", "") for c in json.load(reply)["connections"]]
+
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.terminate()
@@ -614,12 +622,11 @@ class EmbeddedStack:
             self.kill(name)
         return self.spawn(name, *self.args[name])
 
-    def restart_nats(self, name: str | None = None) -> None:
-        """SIGKILL nats-server (``name``: one member of the cluster; None:
-        every one) and start it again on the same port and store."""
-        for member_name, member in self.nats_members.items():
-            if name in (None, member_name):
-                member.restart(self.state_dir / "logs" / f"{member_name}.log")
+    def restart_nats(self) -> None:
+        """SIGKILL nats-server (every member of a cluster) and start it again
+        on the same port and store."""
+        for name, member in self.nats_members.items():
+            member.restart(self.state_dir / "logs" / f"{name}.log")
 
     def log_tail(self, name: str, chars: int = 6000) -> str:
         log = self.state_dir / "logs" / f"{name}.log"

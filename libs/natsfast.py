@@ -32,7 +32,7 @@ from nats.aio.msg import Msg
 
 from libs.logs import get_logger
 from libs.nats_urls import servers
-from libs.pull import Puller
+from libs.pull import WORKING, Puller
 from libs.tasks import cancel_and_wait
 
 _MSG_ID = b"NATS/1.0\r\nNats-Msg-Id: "
@@ -212,10 +212,11 @@ class LeanLink:
         """``+WPI`` for every message in one write (over the main client
         while this connection is down)."""
         if self._writer is not None and not self._writer.is_closing():
-            self._write(b"".join(b"PUB %s 4\r\n+WPI\r\n" % m.reply.encode() for m in msgs))
+            self._write(b"".join(b"PUB %s %d\r\n%s\r\n" % (m.reply.encode(), len(WORKING),
+                                                                WORKING) for m in msgs))
             return
         for msg in msgs:
-            await self._nc.publish(msg.reply, b"+WPI")
+            await self._nc.publish(msg.reply, WORKING)
 
     def _write(self, data: bytes) -> None:
         if self._writer is None:

@@ -187,9 +187,9 @@ class Puller:
                     await self._wake.wait()
 
     def _take(self, batch: int) -> list[Any]:
+        # What stays behind keeps ``_since``: it may be younger than that,
+        # never older, so it is kept alive in time (a little early at worst).
         taken, self._buffer = self._buffer[:batch], self._buffer[batch:]
-        if self._buffer:  # what stays behind is as old as what was taken, at most
-            self._since = asyncio.get_running_loop().time()
         return taken
 
 

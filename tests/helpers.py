@@ -26,7 +26,7 @@ from libs.events import (
     NodeStateData,
     WorkerSlot,
 )
-from libs.records import JobRecord
+from libs.records import BUCKETS, JobRecord
 from libs.service import health_subject
 from libs.topology import subject_matches  # noqa: F401  (tests match subjects as NATS does)
 
@@ -126,6 +126,13 @@ def job_record(job: str, status: str, *nodes: str) -> bytes:
     return JobRecord(id=job, spec=spec, submitted_at=time.time(), status=status,  # type: ignore[arg-type]
                      slots=[WorkerSlot(rank=i, node=n, gpus=1) for i, n in enumerate(nodes)]
                      ).model_dump_json().encode()
+
+
+async def bucket(bus: Bus, name: str) -> dict[str, dict[str, Any]]:
+    """A state bucket's records, through their models, as plain data."""
+    spec = next(b for b in BUCKETS if b.name == name)
+    return {k: r.model_dump(mode="json") for k, r in (await (await bus.records(spec)).load()
+                                                     ).items()}
 
 
 async def lens_rows(bus: Bus, query: str, **params: object) -> list[dict[str, Any]]:

@@ -26,7 +26,7 @@ from clickhouse_connect.driver.client import Client
 from nats.aio.msg import Msg
 
 from libs.bus import Bus, event_or_reason
-from libs.clickhouse_cluster import LOCAL, Layout
+from libs.clickhouse_cluster import Layout, data_table
 from libs.events import (
     Event,
     JobCancelled,
@@ -274,7 +274,7 @@ class LensCollector:
         """Keep log lines ``lens_logs_ttl_days`` (changed only when it differs)."""
         assert self.client is not None
         days = self.settings.lens_logs_ttl_days
-        table = "logs" + (LOCAL if self.layout else "")  # the TTL is the data's own
+        table = data_table("logs", self.layout)  # the TTL is the data's own
         ddl = self.client.query(
             "SELECT create_table_query FROM system.tables WHERE database = {d:String} "
             "AND name = {t:String}", parameters={"d": self.db, "t": table}).result_rows

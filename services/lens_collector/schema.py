@@ -196,4 +196,3 @@ SHARDING: dict[str, str] = {
     "job_metrics_1m": "cityHash64(job)",
     "gpu_jobs_1m": "cityHash64(node)",
 }
-

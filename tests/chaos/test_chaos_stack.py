@@ -34,7 +34,6 @@ import pytest
 from libs.bus import Bus
 from libs.embedded import EmbeddedStack
 from libs.events import Event, JobSpec, JobSubmitted, JobSubmittedData, parse_event
-from libs.records import BUCKETS
 from libs.sdk import latest_complete_checkpoint
 from tests.chaos.invariants import (
     AttemptStart,
@@ -46,7 +45,7 @@ from tests.chaos.invariants import (
     resume_violations,
 )
 from tests.chaos.schedule import Kill, plan_kills
-from tests.helpers import ROOT
+from tests.helpers import ROOT, bucket
 
 pytestmark = [pytest.mark.chaos, pytest.mark.e2e, pytest.mark.timeout(480)]
 
@@ -70,13 +69,6 @@ async def poll(fn: Callable[[], Awaitable[Any]], what: str, timeout: float,
                 return result
         await asyncio.sleep(every)
     raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
-
-
-async def bucket(bus: Bus, name: str) -> dict[str, dict[str, Any]]:
-    """A state bucket's records, through their models, as plain data."""
-    spec = next(b for b in BUCKETS if b.name == name)
-    return {k: r.model_dump(mode="json") for k, r in (await (await bus.records(spec)).load()
-                                                     ).items()}
 
 
 async def lens(bus: Bus, query: str, **params: object) -> list[dict[str, Any]]:

@@ -18,7 +18,6 @@ import asyncio
 import contextlib
 import json
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -27,10 +26,9 @@ import pytest
 from libs.bus import Bus
 from libs.embedded import SERVICES, EmbeddedStack, NatsCluster, NatsServer
 from libs.events import JobSpec, JobSubmitted, JobSubmittedData, parse_event
-from libs.routes import health_endpoint
 from libs.sdk import latest_complete_checkpoint
 from tests.chaos.invariants import history_violations, quarantine_violations
-from tests.helpers import ROOT, lens_rows, until
+from tests.helpers import ROOT, bucket, lens_rows, until, wait_healthy
 
 pytestmark = [pytest.mark.chaos, pytest.mark.e2e, pytest.mark.timeout(420)]
 
@@ -40,16 +38,9 @@ DOWN_S = 5.0  # how long the killed server stays down: past failover's 3 s deadl
 WORKER = Path(__file__).with_name("chaos_worker.py")
 
 
-def monitor(server: NatsServer, path: str) -> dict[str, Any]:
-    with urllib.request.urlopen(f"http://127.0.0.1:{server.monitor_port}{path}",
-                                timeout=5) as reply:
-        return json.load(reply)
-
-
 def service_clients(server: NatsServer) -> list[str]:
-    """The platform services with a connection to ``server`` (from /connz)."""
-    return sorted({c.get("name", "") for c in monitor(server, "/connz?limit=1024")["connections"]
-                   if c.get("name") in SERVICES})
+    """The platform services with a connection to ``server``."""
+    return sorted({name for name in server.client_names() if name in SERVICES})
 
 
 @pytest.fixture
@@ -83,13 +74,8 @@ async def _run(stack: EmbeddedStack, victim: str, tmp_path: Path, log: list[str]
 
     bus = await Bus.connect(cluster.url, "chaos")
     try:
-        async def nodes() -> dict[str, Any]:
-            return {k: json.loads((await kv.get(k)).value) for k in await kv.keys()}
-
-        kv = await until(lambda: bus.kv("nodes"), "the nodes bucket", 60)
-
         async def all_ready() -> bool:
-            found = await nodes()
+            found = await bucket(bus, "nodes")
             return len(found) == NODES and all(n["state"] == "ready" for n in found.values())
 
         await until(all_ready, "every node to pass onboarding", 180)
@@ -126,7 +112,7 @@ async def _run(stack: EmbeddedStack, victim: str, tmp_path: Path, log: list[str]
             leader = (await bus.js.stream_info("CONTROL")).cluster.leader  # type: ignore[union-attr]
             target = cluster.member(leader)
         hit = service_clients(target)
-        before = {s: await _health(bus, s) for s in SERVICES}
+        before = {s: await wait_healthy(bus, s) for s in SERVICES}
         step = newest()
         target.kill()
         note(f"SIGKILL {target.name} at step {step} (services on it: {hit})")
@@ -162,12 +148,11 @@ async def _run(stack: EmbeddedStack, victim: str, tmp_path: Path, log: list[str]
         copies = {r["id"]: r["copies"] for r in await lens_rows(bus, "event_ids")}
         found = history_violations(await stream(), copies, settled=len(published))
         # No node faulted for a server's death.
-        faults = [json.loads((await (await bus.kv("faults")).get(k)).value)
-                  for k in await _keys(bus, "faults")]
-        found += [f"{f['key']} faulted ({f['kind']}): {f.get('reason', '')}" for f in faults]
-        found += quarantine_violations(await nodes(), faults)
+        faults = list((await bucket(bus, "faults")).values())
+        found += [f"{f['key']} faulted ({f['kind']}): {f['reason']}" for f in faults]
+        found += quarantine_violations(await bucket(bus, "nodes"), faults)
         # Every service came back by itself: connected, not restarted.
-        after = {s: await _health(bus, s) for s in SERVICES}
+        after = {s: await wait_healthy(bus, s) for s in SERVICES}
         for service in SERVICES:
             h, was = after[service], before[service]
             if h["connection"] != "connected":
@@ -183,18 +168,3 @@ async def _run(stack: EmbeddedStack, victim: str, tmp_path: Path, log: list[str]
         assert not found, "\n  ".join(found)
     finally:
         await bus.close()
-
-
-async def _health(bus: Bus, service: str) -> dict[str, Any]:
-    async def ask() -> dict[str, Any]:
-        return await bus.request(health_endpoint(service).subject, {}, timeout_s=5)
-    return await until(ask, f"{service}'s health", 60)
-
-
-async def _keys(bus: Bus, bucket: str) -> list[str]:
-    try:
-        return list(await (await bus.kv(bucket)).keys())
-    except Exception as exc:  # an empty bucket has no keys
-        if "no keys" in str(exc).lower():
-            return []
-        raise

@@ -24,10 +24,10 @@ had in hand moved on in time).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import random
-import signal
 import subprocess
 import sys
 import time
@@ -39,8 +39,7 @@ import pytest
 from libs.bus import Bus
 from libs.embedded import NatsServer
 from libs.events import NodeStateChanged, NodeStateData
-from libs.routes import health_endpoint
-from tests.helpers import ROOT, load_bench
+from tests.helpers import ROOT, load_bench, until, wait_healthy
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(400)]
 
@@ -50,7 +49,7 @@ SECONDS = 30
 KILL_AT_S, DOWN_S = 10.0, 1.0
 EVENTS_PER_S = 20
 RECOVER_S, LAG_OK_S = 10.0, 2.0
-DB = "primus"
+bench = load_bench("lens_ingest")
 
 READ_STORE = """
 import json, sys
@@ -74,46 +73,17 @@ print(json.dumps({
 """
 
 
-def start(nats_url: str, store: Path, name: str, log: Path) -> subprocess.Popen[bytes]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PRIMUS_")}
-    env.update(PRIMUS_NATS_URL=nats_url, PRIMUS_CLICKHOUSE_DSN=f"chdb://{store}",
-               PRIMUS_CLICKHOUSE_DATABASE=DB, PRIMUS_INSTANCE=name,
-               PRIMUS_LOG_LEVEL="warning")
-    with log.open("ab") as out:
-        return subprocess.Popen([sys.executable, "-m", "cli.main", "lens-collector"], env=env,
-                                cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
-                                start_new_session=True)
-
-
-async def healthy(bus: Bus, name: str, timeout_s: float = 90) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            return await bus.request(health_endpoint("lens-collector", name).subject, {},
-                                     timeout_s=2)
-        except Exception:
-            await asyncio.sleep(0.3)
-    raise AssertionError(f"replica {name} did not answer its health check in {timeout_s} s")
-
-
 def test_a_replica_killed_under_load_loses_nothing_and_lag_recovers(tmp_path: Path) -> None:
     seed = int(os.environ.get("PRIMUS_REPLICA_SEED", time.time_ns() % 10_000))
     print(f"replica seed {seed} (replay: PRIMUS_REPLICA_SEED={seed})")
     server = NatsServer(tmp_path / "nats").start(tmp_path / "nats.log")
     names = [f"lens-{i}" for i in range(REPLICAS)]
-    procs = {n: start(server.url, tmp_path / n, n, tmp_path / f"{n}.log") for n in names}
+    procs = {n: replica(server.url, n, tmp_path) for n in names}
     try:
         found = asyncio.run(_run(server, procs, names, random.Random(seed), tmp_path))
     finally:
         for proc in procs.values():
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGTERM)
-        for proc in procs.values():
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+            bench.stop_collector(proc)
         server.stop()
     stores = [json.loads(subprocess.run(
         [sys.executable, "-c", READ_STORE, str(tmp_path / n)], capture_output=True, text=True,
@@ -121,17 +91,22 @@ def test_a_replica_killed_under_load_loses_nothing_and_lag_recovers(tmp_path: Pa
     _check(found, stores, seed)
 
 
+def replica(nats_url: str, name: str, tmp_path: Path) -> subprocess.Popen[bytes]:
+    """A collector process named ``name`` with its own store (the same one
+    again after a restart)."""
+    return bench.start_collector(nats_url, tmp_path / name, tmp_path / f"{name}.log", name)
+
+
 async def _run(server: NatsServer, procs: dict[str, subprocess.Popen[bytes]],
                names: list[str], rng: random.Random, tmp_path: Path) -> dict[str, Any]:
-    bench = load_bench("lens_ingest")
     bus = await Bus.connect(server.url, "test")
     try:
         await bus.ensure_topology()
         for name in names:
-            await healthy(bus, name)
+            await wait_healthy(bus, "lens-collector", name)
         templates = [bench.Template(bench.node_event(f"n{i:04d}")) for i in range(NODES)]
         plan, first = bench.plan_run(templates, SECONDS)
-        published_ids = [f"00{s:06d}{sl:04d}{n:020d}" for s in range(SECONDS)
+        published_ids = [bench.message_id(0, s, sl, n) for s in range(SECONDS)
                          for sl in range(bench.SLICES)
                          for n in range(len(templates[sl::bench.SLICES]))]
         events: list[str] = []
@@ -151,11 +126,10 @@ async def _run(server: NatsServer, procs: dict[str, subprocess.Popen[bytes]],
             info = await bus.js.consumer_info("TELEMETRY", "lens-telemetry")
             in_hand = info.num_ack_pending  # what both replicas held, the victim's among it
             at = time.time()
-            os.killpg(procs[victim].pid, signal.SIGKILL)
+            procs[victim].kill()
             procs[victim].wait()
             await asyncio.sleep(DOWN_S)
-            procs[victim] = start(server.url, tmp_path / victim, victim,
-                                  tmp_path / f"{victim}.log")
+            procs[victim] = replica(server.url, victim, tmp_path)
             return victim, at, in_hand
 
         publisher = asyncio.create_task(bench.publish(server.url, plan))
@@ -171,10 +145,9 @@ async def _run(server: NatsServer, procs: dict[str, subprocess.Popen[bytes]],
                     return False
             return True
 
-        deadline = time.monotonic() + 90
-        while time.monotonic() < deadline and not await drained():
-            await asyncio.sleep(0.5)
-        restarted = await healthy(bus, victim)
+        with contextlib.suppress(AssertionError):  # what is missing is named by the checks
+            await until(drained, "both consumers to drain", 90, every=0.5)
+        restarted = await wait_healthy(bus, "lens-collector", victim)
         return {"victim": victim, "killed_at": killed_at, "ended_at": ended_at,
                 "in_hand": in_hand, "published": published_ids,
                 "events": events, "restarted_uptime_s": restarted["uptime_s"]}
