@@ -58,6 +58,7 @@ from libs.consume import (
 from libs.events import Event, encode_event, parse_event
 from libs.kv import Records
 from libs.logs import get_logger
+from libs.metrics import ServiceMetrics, subject_label
 from libs.nats_urls import servers, split_login, with_login
 from libs.records import BUCKETS, BucketSpec, R
 from libs.routes import Endpoint, Reply, Routes, event_subject
@@ -223,6 +224,7 @@ class Bus:
         self.service = service
         self.routes = routes
         self.stats = ConsumerStats()
+        self.metrics: ServiceMetrics | None = None  # the process's (libs.service)
         self.consumers = Consumers(self)
         self._groups: list[Consumers] = [self.consumers]
         self._served: set[Served] = set()
@@ -454,6 +456,23 @@ class Bus:
         self._groups.append(group)
         return group
 
+    def durables(self) -> list[tuple[str, str]]:
+        """(stream, durable) of every consumer this bus runs now."""
+        return [d for group in self._groups for d in group.durables()]
+
+    async def measure_pending(self) -> None:
+        """Each durable's pending and unacked counts into the metrics, from
+        the server (one consumer-info request per durable)."""
+        if self.metrics is None:
+            return
+        for stream, durable in self.durables():
+            try:
+                info = await self.js.consumer_info(stream, durable)
+            except Exception:  # reconnecting, or a leader term ended: next round
+                continue
+            self.metrics.pending.labels(durable).set(info.num_pending or 0)
+            self.metrics.ack_pending.labels(durable).set(info.num_ack_pending or 0)
+
     async def stop_group(self, group: Consumers) -> None:
         await group.stop()
         if group in self._groups and group is not self.consumers:
@@ -481,6 +500,8 @@ class Bus:
             body = body[: max(room, 0)]
         await self.js.publish(dlq_subject(self.service), body, headers=headers)
         self.stats.dead_lettered += 1
+        if self.metrics is not None:
+            self.metrics.dead_lettered.labels(subject_label(msg.subject)).inc()
         reasons = self.stats.dead_letter_reasons + [reason[:MAX_REASON_CHARS]]
         self.stats.dead_letter_reasons = reasons[-20:]
         self._log.warning("dead-lettered", subject=msg.subject[:MAX_ORIGIN_CHARS],

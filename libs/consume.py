@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
+from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -36,6 +38,7 @@ from pydantic import ValidationError
 from libs import natsfast
 from libs.events import Event, UnsupportedVersion, read_event
 from libs.logs import get_logger
+from libs.metrics import ServiceMetrics, subject_label
 from libs.natsfast import LeanLink
 from libs.pull import NatsLink, Puller
 from libs.tasks import cancel_and_wait
@@ -74,6 +77,7 @@ class Connection(Protocol):
     service: str
     stats: ConsumerStats
     clock_skew_s: float
+    metrics: ServiceMetrics | None
 
     async def dead_letter(self, msg: Any, reason: str) -> None: ...
 
@@ -92,6 +96,10 @@ class Consumers:
     def stats(self) -> ConsumerStats:
         return self.bus.stats
 
+    def durables(self) -> list[tuple[str, str]]:
+        """(stream, durable) of every consumer of this group."""
+        return [(p.stream, p.durable) for p in self._pullers]
+
     def consume(self, *, durable: str, subjects: Sequence[str], stream: StreamSpec,
                 handler: EventHandler | None = None, batch_handler: BatchHandler | None = None,
                 batch: int = 64, max_deliver: int = 5, ack_wait_s: float = 30.0,
@@ -106,7 +114,7 @@ class Consumers:
             raise ValueError("give exactly one of handler and batch_handler")
 
         async def on_msgs(msgs: list[Msg], _: Puller) -> None:
-            await self._dispatch(msgs, handler, batch_handler, max_deliver)
+            await self._dispatch(durable, msgs, handler, batch_handler, max_deliver)
 
         self._start(durable, list(subjects), stream, on_msgs, batch=batch, fill_s=0.0,
                     max_deliver=max_deliver, ack_wait_s=ack_wait_s, inflight=1,
@@ -130,7 +138,7 @@ class Consumers:
 
         async def on_msgs(msgs: list[Msg], puller: Puller) -> None:
             self.stats.delivered += len(msgs)
-            await self._run_raw(handler, msgs, max_deliver, puller)
+            await self._run_raw(durable, handler, msgs, max_deliver, puller)
 
         self._start(durable, list(subjects), stream, on_msgs, batch=batch, fill_s=fill_s,
                     max_deliver=max_deliver, ack_wait_s=ack_wait_s, inflight=inflight,
@@ -265,7 +273,7 @@ class Consumers:
 
     # ------------------------------------------------------------------ handling
 
-    async def _dispatch(self, msgs: list[Msg], handler: EventHandler | None,
+    async def _dispatch(self, durable: str, msgs: list[Msg], handler: EventHandler | None,
                         batch_handler: BatchHandler | None, max_deliver: int) -> None:
         self.stats.delivered += len(msgs)
         good: list[tuple[Msg, Event]] = []
@@ -279,11 +287,11 @@ class Consumers:
                 self._check_stamp(msg, reason)
         if batch_handler is not None:
             batch = [(e, m.metadata.sequence.stream) for m, e in good]
-            await self._run(batch_handler, batch, [m for m, _ in good], max_deliver)
+            await self._run(durable, batch_handler, batch, [m for m, _ in good], max_deliver)
         else:
             assert handler is not None
             for msg, event in good:
-                await self._run(handler, event, [msg], max_deliver)
+                await self._run(durable, handler, event, [msg], max_deliver)
 
     def _refusal(self, msg: Msg) -> Event | str:
         """The event in ``msg``, or why this consumer refuses it."""
@@ -316,15 +324,20 @@ class Consumers:
             self._log.warning("event stamped beyond the clock skew", source=event.source,
                               type=event.type, off_s=round(off_s, 3), limit_s=limit, seen=count)
 
-    async def _run(self, fn: Callable[[Any], Awaitable[None]], arg: Any, msgs: list[Msg],
-                   max_deliver: int) -> None:
-        if msgs and await self._handled(fn(arg), msgs, max_deliver) is not _FAILED:
+    async def _run(self, durable: str, fn: Callable[[Any], Awaitable[None]], arg: Any,
+                   msgs: list[Msg], max_deliver: int) -> None:
+        if not msgs:
+            return
+        started = time.perf_counter()
+        if await self._handled(fn(arg), msgs, max_deliver) is not _FAILED:
             for msg in msgs:
                 await msg.ack()
             self.stats.handled += len(msgs)
+            self._measured(durable, msgs, (), started)
 
-    async def _run_raw(self, fn: RawBatchHandler, msgs: list[Msg], max_deliver: int,
-                       puller: Puller) -> None:
+    async def _run_raw(self, durable: str, fn: RawBatchHandler, msgs: list[Msg],
+                       max_deliver: int, puller: Puller) -> None:
+        started = time.perf_counter()
         refused = await self._handled(fn(msgs), msgs, max_deliver)
         if refused is _FAILED:
             return
@@ -332,6 +345,26 @@ class Consumers:
             await self.bus.dead_letter(msg, reason)
         await puller.ack(msgs)
         self.stats.handled += len(msgs) - len(refused)
+        self._measured(durable, msgs, [m for m, _ in refused], started)
+
+    def _measured(self, durable: str, msgs: list[Msg], refused: Sequence[Msg],
+                  started: float) -> None:
+        """Count a handled batch into the service's metrics: per subject, the
+        handler's time, and how late its newest message was handled (one
+        message's metadata per batch: the hot paths handle thousands a second)."""
+        metrics = getattr(self.bus, "metrics", None)
+        if metrics is None:
+            return
+        took = time.perf_counter() - started
+        skip = {id(m) for m in refused}
+        by_subject = Counter(subject_label(m.subject) for m in msgs if id(m) not in skip)
+        for subject, count in by_subject.items():
+            metrics.handled.labels(durable, subject).inc(count)
+        subject = by_subject.most_common(1)[0][0] if by_subject else subject_label(msgs[0].subject)
+        metrics.handler_seconds.labels(durable, subject).observe(took)
+        with contextlib.suppress(Exception):  # a core message has no JetStream metadata
+            stored = msgs[-1].metadata.timestamp.timestamp()
+            metrics.lag_seconds.labels(durable).observe(max(0.0, time.time() - stored))
 
     async def _handled(self, call: Awaitable[Any], msgs: list[Msg], max_deliver: int) -> Any:
         """What the handler returned, or ``_FAILED`` once its messages were

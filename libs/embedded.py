@@ -32,7 +32,7 @@ import urllib.request
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
@@ -42,6 +42,8 @@ from libs.job_credentials import issuer_public_key
 from libs.logs import get_logger
 
 STACK_FILE = "stack.json"
+# Prometheus file_sd targets of the stack's /metrics endpoints (``file_sd_configs``).
+SCRAPE_TARGETS = "prometheus-targets.json"
 SERVICES = ("lens-collector", "scheduler", "failover", "bench-coordinator", "bootstrap")
 NATS = "nats-server"
 
@@ -105,6 +107,7 @@ class ChildRecord(BaseModel):
     pid: int
     start: int | None = None  # /proc start time: a reused pid is not ours
     restarts: int = 0
+    metrics_port: int | None = None  # its /metrics on 127.0.0.1
 
 
 class StackInfo(BaseModel):
@@ -132,6 +135,13 @@ def process_start(pid: int) -> int | None:
 def is_running(pid: int, start: int | None) -> bool:
     now = process_start(pid)
     return now is not None and (start is None or now == start)
+
+
+def write_scrape_targets(path: Path, targets: list[dict[str, Any]]) -> None:
+    """Atomically, as Prometheus re-reads a file_sd file when it changes."""
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(targets, indent=1))
+    tmp.replace(path)
 
 
 def read_stack_file(path: Path) -> StackInfo | None:
@@ -433,6 +443,8 @@ class EmbeddedStack:
     started_at: str = ""
     lock: IO[str] | None = None  # up.lock, held while the stack lives
     secrets: StackSecrets | None = None  # the platform login and the job credential keys
+    # Each service child's /metrics port on loopback, kept across its restarts.
+    metrics_ports: dict[str, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.state_dir = self.state_dir.resolve()
@@ -475,9 +487,12 @@ class EmbeddedStack:
     def spawn(self, name: str, *args: str) -> subprocess.Popen[bytes]:
         logs = self.state_dir / "logs"
         logs.mkdir(parents=True, exist_ok=True)
+        port = self.metrics_ports.setdefault(name, free_port())
+        env = {"PRIMUS_METRICS_HOST": "127.0.0.1", "PRIMUS_METRICS_PORT": str(port),
+               **self._service_env()}
         with (logs / f"{name}.log").open("ab") as out:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "cli.main", *args], env=self._service_env(),
+                [sys.executable, "-m", "cli.main", *args], env=env,
                 stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                 start_new_session=True,
             )
@@ -544,8 +559,23 @@ class EmbeddedStack:
             pid_start=process_start(os.getpid()), started_at=self.started_at,
             nodes=self.node_names,
             children={name: ChildRecord(pid=p.pid, start=process_start(p.pid),
-                                        restarts=self.restarts.get(name, Restarts()).restarts)
+                                        restarts=self.restarts.get(name, Restarts()).restarts,
+                                        metrics_port=self.metrics_ports.get(name))
                       for name, p in children.items()}))
+        write_scrape_targets(self.state_dir / SCRAPE_TARGETS, self.scrape_targets())
+
+    def scrape_targets(self) -> list[dict[str, Any]]:
+        """Every service child's /metrics as Prometheus file_sd targets,
+        labelled with the service and, for agents, the node."""
+        out = []
+        for name, port in sorted(self.metrics_ports.items()):
+            args = self.args.get(name, ())
+            service = args[0] if args else name
+            labels = {"service": service}
+            if service == "bench-agent" and "--node" in args:
+                labels["node"] = args[args.index("--node") + 1]
+            out.append({"targets": [f"127.0.0.1:{port}"], "labels": labels})
+        return out
 
     def supervise(self, now: float | None = None) -> list[str]:
         """One pass of what a cluster does: note each child that died and

@@ -74,7 +74,7 @@ class Puller:
     """Fetches batches from one durable pull consumer (created elsewhere)."""
 
     def __init__(self, link: Link, stream: str, durable: str) -> None:
-        self.link = link
+        self.link, self.stream, self.durable = link, stream, durable
         self._next_subject = f"$JS.API.CONSUMER.MSG.NEXT.{stream}.{durable}"
         self._requests = 0
         self._current = ""

@@ -178,6 +178,7 @@ class HealthReply(Reply):
     dead_lettered: int = 0
     unknown_fields: dict[str, int] = Field(default_factory=dict)
     skewed_stamps: dict[str, int] = Field(default_factory=dict)
+    metrics_port: int | None = Field(default=None, description="where /metrics is served")
 
 
 def health_endpoint(service: str, instance: str | None = None) -> Endpoint:

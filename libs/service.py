@@ -31,8 +31,10 @@ from typing import Any, Protocol
 from libs import shutdown
 from libs.bus import Bus, on_connection_lost, tls_context
 from libs.logs import configure, get_logger
+from libs.metrics import ServiceMetrics
 from libs.routes import Empty, HealthReply, Routes, health_endpoint
 from libs.settings import Settings
+from libs.tasks import cancel_and_wait
 
 
 class Service(Protocol):
@@ -45,6 +47,12 @@ class Service(Protocol):
 
     def health(self) -> dict[str, Any]: ...
 
+    # Optional: ``metrics(ServiceMetrics)`` is called after ``start`` to add
+    # the service's own figures (instruments, and a source read at scrape time).
+
+
+# How often each durable's pending count is asked of the server for /metrics.
+PENDING_POLL_S = 5.0
 
 # Each teardown step is bounded, and one that overruns is named in the log
 # rather than waited for: a pod is killed after its grace period anyway. The
@@ -143,6 +151,7 @@ async def run_service(service: Service | ServiceFactory, settings: Settings, *,
     if shutdown.asked():  # told to stop while it was still importing
         stop.set()
     life = _Life()
+    metrics = _serve_metrics(current.name, settings, node, log)
 
     def _lost(reason: str) -> None:
         life.last_loss = reason
@@ -156,11 +165,14 @@ async def run_service(service: Service | ServiceFactory, settings: Settings, *,
             if bus is None:
                 return 2 if first else 0
             lost.clear()
+            bus.metrics = metrics
             code = await _run_once(current, bus, settings, node, life, log)
             if code is not None:
                 return code
             first = False
+            watch = _watch_metrics(current, bus, metrics)
             ended = await _wait_first(stop, lost)
+            await cancel_and_wait([watch])
             if ended is stop:
                 await _teardown(current, bus, log)
                 log.info("stopped")
@@ -176,6 +188,51 @@ async def run_service(service: Service | ServiceFactory, settings: Settings, *,
             current = make()
     finally:
         forget()
+        if metrics is not None:
+            metrics.close()
+
+
+def _serve_metrics(name: str, settings: Settings, node: str | None,
+                   log: Any) -> ServiceMetrics | None:
+    """The process's /metrics, served for its whole life (across reconnections).
+    A port that is taken is logged, not fatal: the service matters more."""
+    if not settings.metrics:
+        return None
+    metrics = ServiceMetrics(name, node)
+    try:
+        port = metrics.serve(settings.metrics_host, settings.metrics_port)
+    except OSError as exc:
+        log.error("metrics not served", host=settings.metrics_host, port=settings.metrics_port,
+                  error=str(exc), fix="set PRIMUS_METRICS_PORT to a free port (0: any)")
+        return metrics
+    log.info("metrics served", url=f"http://{settings.metrics_host}:{port}/metrics")
+    return metrics
+
+
+def _watch_metrics(service: Service, bus: Bus, metrics: ServiceMetrics | None
+                   ) -> asyncio.Task[None]:
+    """The service's own figures added once it started, and its durables'
+    pending counts asked every ``PENDING_POLL_S`` while it runs."""
+
+    async def watch() -> None:
+        if metrics is None:
+            return
+        add = getattr(service, "metrics", None)
+        remove = None
+        try:
+            if add is not None:
+                try:
+                    remove = add(metrics)
+                except Exception as exc:  # the service runs on without its own figures
+                    get_logger().exception("service metrics not added", error=repr(exc))
+            while True:
+                await bus.measure_pending()
+                await asyncio.sleep(PENDING_POLL_S)
+        finally:
+            if callable(remove):
+                remove()
+
+    return asyncio.create_task(watch(), name="metrics")
 
 
 async def _connect(name: str, settings: Settings, log: Any, stop: asyncio.Event, *,
@@ -216,6 +273,7 @@ async def _run_once(service: Service, bus: Bus, settings: Settings, node: str | 
             uptime_s=round(time.monotonic() - life.started, 3),
             connection=bus.link.state,
             reconnects=life.reconnects,
+            metrics_port=bus.metrics.port if bus.metrics is not None else None,
             disconnects=bus.link.disconnects,
             delivered=bus.stats.delivered,
             handled=bus.stats.handled,

@@ -67,6 +67,12 @@ class Settings(BaseSettings):
         default=None, description="this replica's name: it answers its own health check on "
         "safe.health.<service>.<instance>. Default: the host name (the pod name); set it "
         "when replicas share a machine")
+    metrics: bool = Field(default=True, description="serve Prometheus metrics on /metrics "
+                          "(every service; the bench agent adds its node's GPUs and host)")
+    metrics_host: str = Field(default="0.0.0.0", description="address /metrics listens on")
+    metrics_port: int = Field(
+        default=9470, ge=0, le=65535, description="port of this process's /metrics (0: any "
+        "free port, said in the log and the health reply)")
     heartbeat_interval_s: float = Field(default=1.0, gt=0)
     heartbeat_missed: int = Field(default=3, ge=1, description="missed beats that open a fault")
     agent_restart_grace_s: float = Field(
@@ -119,6 +125,9 @@ class Settings(BaseSettings):
     lens_logs_ttl_days: int = Field(default=14, ge=1, description="lens-collector: how long "
                                     "log lines (workers' and services') are kept")
     lens_alerts_file: Path | None = Field(default=None, description="lens-collector: alert rules")
+    lens_alert_receivers: Path | None = Field(
+        default=None, description="lens-collector: where alerts are delivered (Alertmanager, "
+        "webhooks) and which alerts go where (YAML); unset: alerts are only stored")
     lens_log_alerts_file: Path | None = Field(
         default=None, description="lens-collector: log alert rules added to (or replacing, by "
         "name) the built-in ones")
