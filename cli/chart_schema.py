@@ -5,7 +5,7 @@ Each configuration file a service loads (the scheduler's workspaces and
 priorities, failover's fault rules, Lens alert rules, the bench config) is a
 pydantic model. The chart renders those files from values
 (``scheduler.config``, ``failover.rules``, ``lensCollector.alertRules``,
-``bench.config``), and ``helm install`` must refuse what the service would
+``lens.alertDelivery``, ``bench.config``), and ``helm install`` must refuse what the service would
 refuse. So the schema of each of those values is the model's own JSON schema,
 never written by hand: ``python -m cli.catalog --write`` puts it into
 ``definitions`` (the model's root as ``definitions.<name>``, its nested models
@@ -28,6 +28,7 @@ from pydantic import BaseModel
 from services.bench.config import BenchConfig
 from services.failover.faults import FailoverRules
 from services.lens_collector.alerts import AlertConfig
+from services.lens_collector.delivery_config import DeliveryConfig
 from services.scheduler.config import SchedulerFile
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -38,6 +39,7 @@ MODELS: dict[str, type[BaseModel]] = {
     "schedulerConfig": SchedulerFile,
     "failoverRules": FailoverRules,
     "alertRules": AlertConfig,
+    "alertDelivery": DeliveryConfig,
     "benchConfig": BenchConfig,
 }
 MARK = "x-model"  # names the model a definition was generated from

@@ -16,7 +16,9 @@ the bus with the collector's named queries (never SQL from here).
   submitting; local, no bus;
 - ``lens checkpoint DIR [--world-size N]``: the newest complete checkpoint
   in a job's checkpoint directory, whatever framework wrote it
-  (``libs/checkpoint_layouts``), and the ones still being written; local.
+  (``libs/checkpoint_layouts``), and the ones still being written; local;
+- ``lens silence create|list|expire``: Alertmanager silences of Lens alerts
+  (see ``lens_silence``).
 
 Every verb takes ``--json``.
 """
@@ -82,6 +84,8 @@ def add_parser(sub: Any) -> None:
     s.add_argument("--job", required=True)
     s.add_argument("-o", "--output", default=None, help="default: report-<job>.html")
     s.add_argument("--json", action="store_true", help="print the data instead")
+    from cli import lens_silence
+    lens_silence.add_parser(lsub)
 
 
 def parse_log(args: argparse.Namespace) -> int:
@@ -154,6 +158,9 @@ def run(args: argparse.Namespace) -> int:
         return parse_log(args)
     if args.lens_verb == "checkpoint":
         return show_checkpoint(args)
+    if args.lens_verb == "silence":
+        from cli import lens_silence
+        return lens_silence.run(args)
     result = asyncio.run(fetch(args))
     if args.lens_verb == "report" and not args.json:
         from cli.lens_report import render

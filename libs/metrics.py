@@ -41,6 +41,7 @@ LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
 # How long after the server stored a message it was handled.
 LAG_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 300.0, 1800.0)
 _M = TypeVar("_M", Counter, Gauge, Histogram)
+_T = TypeVar("_T")
 
 
 class ServiceMetrics:
@@ -170,6 +171,18 @@ def gauge_family(name: str, documentation: str, labels: Sequence[str],
     for label_values, value in values:
         family.add_metric([str(v) for v in label_values], float(value))
     return family
+
+
+def settled(read: Callable[[], _T], tries: int = 5) -> _T:
+    """``read()`` retried while the loop changes what it iterates: a source
+    runs on the server's thread, and copying a dict the event loop resizes
+    meanwhile raises RuntimeError. A copy under the GIL is otherwise whole."""
+    for _ in range(tries - 1):
+        try:
+            return read()
+        except RuntimeError:
+            continue
+    return read()
 
 
 @lru_cache(maxsize=8192)

@@ -202,7 +202,7 @@ def _serve_metrics(name: str, settings: Settings, node: str | None,
     try:
         port = metrics.serve(settings.metrics_host, settings.metrics_port)
     except OSError as exc:
-        log.error("metrics not served", host=settings.metrics_host, port=settings.metrics_port,
+        log.warning("metrics not served", host=settings.metrics_host, port=settings.metrics_port,
                   error=str(exc), fix="set PRIMUS_METRICS_PORT to a free port (0: any)")
         return metrics
     log.info("metrics served", url=f"http://{settings.metrics_host}:{port}/metrics")

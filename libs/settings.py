@@ -122,6 +122,10 @@ class Settings(BaseSettings):
         default=None, description="bench agent on Kubernetes: the shared checkpoint claim, "
         "mounted read-only; the agent of the node running a job's rank 0 watches the job's "
         "directory (jobs/<job>) and announces its newest complete checkpoint; unset: off")
+    agent_exporter_names: Literal["auto", "amd", "nvidia"] = Field(
+        default="auto", description="bench agent's /metrics: GPU series under AMD "
+        "device-metrics-exporter names (amd), dcgm-exporter names (nvidia), or by the tool "
+        "that answered (auto: nvidia-smi gives dcgm-exporter's, the others AMD's)")
     lens_logs_ttl_days: int = Field(default=14, ge=1, description="lens-collector: how long "
                                     "log lines (workers' and services') are kept")
     lens_alerts_file: Path | None = Field(default=None, description="lens-collector: alert rules")

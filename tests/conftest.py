@@ -100,6 +100,7 @@ def database() -> str:
 def cli_env(tmp_path: Path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("PRIMUS_")}
     env["PRIMUS_STATE_DIR"] = str(tmp_path / "state")
+    env["PRIMUS_METRICS_PORT"] = "0"  # services started through the CLI: any free port
     return env
 
 

@@ -46,8 +46,10 @@ def start_service(verb: str, args: list[str], nats_url: str, tmp_path: Path,
     """``primus-safe <verb>`` as a process of its own against ``nats_url``,
     its output in ``tmp_path/<verb>.log``."""
     full_env = {k: v for k, v in os.environ.items() if not k.startswith("PRIMUS_")}
+    # /metrics on any free port (the health reply says which): several at once here.
     full_env.update(PRIMUS_NATS_URL=nats_url, PRIMUS_STATE_DIR=str(tmp_path / "state"),
-                    PRIMUS_CLICKHOUSE_DSN=f"chdb://{tmp_path / 'chdb'}", **env)
+                    PRIMUS_CLICKHOUSE_DSN=f"chdb://{tmp_path / 'chdb'}",
+                    PRIMUS_METRICS_PORT="0", **env)
     log = (tmp_path / f"{verb}.log").open("wb")
     return subprocess.Popen([sys.executable, "-m", "cli.main", verb, *args], env=full_env,
                             cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)

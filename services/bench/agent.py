@@ -4,6 +4,11 @@ answers ``bench.request`` for its node with a measured, judged
 ``bench.result``. Measuring lives in levels/probes, judging in verdict and
 schedule; this module only wires them to the bus.
 
+Its /metrics page (served by the service shell, see libs/metrics.py) shows
+the node's last telemetry sample under the GPU exporters' names
+(exporter_names) and the agent's own counts; a scrape reads that sample and
+never runs a GPU tool.
+
 Its telemetry names the job, attempt and rank holding each GPU: it keeps
 this node's placements (``placements``) from the scheduler's events, read
 afresh from the ``jobs`` bucket each time it starts.
@@ -24,7 +29,7 @@ import time
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from libs.bus import Bus
 from libs.drivers.base import NODE_WORKERS, NodeWorkers, NodeWorkersRequest
@@ -56,6 +61,7 @@ from libs.wiring import wire
 from services.bench import levels, probes
 from services.bench.checkpoint_watches import CheckpointWatches
 from services.bench.config import ConfigFile
+from services.bench.exporter_names import PageSample, render
 from services.bench.host_metrics import HostSampler
 from services.bench.node_sampler import GpuSource, NodeSampler
 from services.bench.placements import Placements, attributed
@@ -64,6 +70,11 @@ from services.bench.protocol import PAIR, PROGRESS, SHARE, BenchProgress, PairRe
 from services.bench.routes import AGENT
 from services.bench.schedule import ProbeSchedule, Report, Skip, Start
 from services.bench.verdict import confirm
+
+if TYPE_CHECKING:
+    from prometheus_client import Counter
+
+    from libs.metrics import ServiceMetrics
 
 CONFIG_POLL_S = 2.0
 # What runs in the measuring thread: given the step reporter and the check
@@ -159,6 +170,10 @@ class BenchAgent:
         self._probes: set[asyncio.Task[None]] = set()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._gate: TurnGate | None = None
+        self.page: PageSample | None = None  # the last telemetry sample, for /metrics
+        self._results_total: Counter | None = None
+        self._probe_runs_total: Counter | None = None
+        self._probe_reports_total: Counter | None = None
         self._log = get_logger(node=node)
         if self.config.error:
             self._log.error("bench config refused", error=self.config.error)
@@ -229,8 +244,11 @@ class BenchAgent:
             with contextlib.suppress(Exception):
                 data = await sampler.sample()
                 owners = self.placements.owners([g.index for g in data.gpus])
+                data = attributed(data, owners)
+                self.page = PageSample(data=data, identities=sampler.identities,
+                                       tool=data.gpu_tool, taken_at=time.monotonic())
                 await self.bus.publish(NodeTelemetry(source=self.source, node=self.node,
-                                                     data=attributed(data, owners)))
+                                                     data=data))
 
     # ------------------------------------------------------------------ placements
 
@@ -307,6 +325,7 @@ class BenchAgent:
             await self.bus.publish(result)
         self._answered.add(event.id)
         self.results += 1
+        _count(self._results_total, data.level, run.outcome)
         self._progress(event.id, "done")
         log.info("bench finished", outcome=run.outcome, reason=run.reason)
 
@@ -449,6 +468,7 @@ class BenchAgent:
             report = self.schedule.finished(start.name, start.run, "unavailable",
                                             f"skipped: {busy}")
             self._log.info("probe skipped: training runs here", check=start.name, why=busy)
+            _count(self._probe_runs_total, start.name, "unavailable")
             if report is not None:
                 await self._report_probe(report)
             return
@@ -461,6 +481,7 @@ class BenchAgent:
             status, detail = "failed", f"{type(exc).__name__}: {exc}"[:300]
         if status == "skipped":
             status = "unavailable"
+        _count(self._probe_runs_total, start.name, status)
         report = self.schedule.finished(start.name, start.run, status,  # type: ignore[arg-type]
                                         detail)
         if report is not None:
@@ -488,7 +509,9 @@ class BenchAgent:
         assert self.bus is not None
         if not report.failed:
             self._log.info("probe recovered", check=report.name, after=report.consecutive)
+            _count(self._probe_reports_total, report.name, "recovered")
             return
+        _count(self._probe_reports_total, report.name, "failed")
         self._log.warning("probe failing", check=report.name, consecutive=report.consecutive,
                           detail=report.detail)
         kind, count, name, _ = await asyncio.to_thread(probes.detect_device)
@@ -504,6 +527,7 @@ class BenchAgent:
                 ),
             ))
             self.probe_reports += 1
+            _count(self._results_total, "quick", "failed")
 
     async def stop(self) -> None:
         if self._gate is not None:
@@ -523,6 +547,25 @@ class BenchAgent:
             except Exception as exc:  # the bus is away: failover's deadline applies
                 self._log.warning("could not announce the stop", error=repr(exc))
 
+    def metrics(self, metrics: ServiceMetrics) -> Callable[[], None]:
+        """The agent's counts, and the node's GPU and host readings rendered
+        at scrape time from the last telemetry sample (on the scraping
+        thread: it takes the reference to that immutable sample, nothing more)."""
+        self._results_total = metrics.counter(
+            "bench_results", "bench results this agent sent, by level and outcome "
+            "(a probe's failing streak is a failed quick result)", ("level", "outcome"))
+        self._probe_runs_total = metrics.counter(
+            "bench_probe_runs", "health probe runs, by check and status", ("check", "status"))
+        self._probe_reports_total = metrics.counter(
+            "bench_probe_reports", "probe streaks reported (failed) and recoveries logged, "
+            "by check", ("check", "status"))
+        choice = self.settings.agent_exporter_names
+
+        def node_page() -> list[Any]:
+            return render(self.page, self.node, choice=choice, now=time.monotonic())
+
+        return metrics.add_source(node_page)
+
     def health(self) -> dict[str, Any]:
         return {"heartbeats": self.beats, "bench_results": self.results,
                 "busy": self.busy, "probe_reports": self.probe_reports,
@@ -533,3 +576,9 @@ class BenchAgent:
                 "probes": self.schedule.snapshot(),
                 "config": str(self.config.path) if self.config.path else None,
                 "config_error": self.config.error}
+
+
+def _count(counter: Counter | None, *labels: str) -> None:
+    """Count once the shell gave the agent its metrics (never, with PRIMUS_METRICS off)."""
+    if counter is not None:
+        counter.labels(*labels).inc()

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from libs.bus import Bus
 from libs.events import (
@@ -72,6 +72,11 @@ from services.bench.routes import COORDINATOR
 from services.bench.sweep import Sweeps
 from services.bench.triage import decide, measure_again
 
+if TYPE_CHECKING:
+    from prometheus_client import Counter
+
+    from libs.metrics import ServiceMetrics
+
 SOURCE = "bench-coordinator"
 JUDGED_LEVELS = ("standard", "full")
 
@@ -90,6 +95,9 @@ class BenchCoordinator:
         self.sweeps = Sweeps(self)
         self.retries = 0
         self.verdicts = 0
+        self._verdicts_total: Counter | None = None
+        self._searches_total: Counter | None = None
+        self._search_rounds_total: Counter | None = None
         self.election: LeaderElection | None = None
         self._term: int | None = None
         self._acting = False  # loaded the bucket and answering (health says so)
@@ -191,7 +199,13 @@ class BenchCoordinator:
             named = [*request.nodes, *(request.healthy or [])]
             if held := [n for n in named if n in busy]:
                 return SearchReply(ok=False, error="; ".join(why_busy(n, busy[n]) for n in held))
-        return await self.multinode.search(request)
+        reply = await self.multinode.search(request)
+        if self._searches_total is not None and self._search_rounds_total is not None:
+            outcome = ("error" if not reply.ok else "found" if reply.bad
+                       else "inconclusive" if reply.inconclusive else "cleared")
+            self._searches_total.labels(outcome).inc()
+            self._search_rounds_total.inc(reply.rounds)
+        return reply
 
     async def on_sweep(self, request: SweepRequest) -> SweepReply:
         skipped: dict[str, str] = {}
@@ -318,6 +332,8 @@ class BenchCoordinator:
                                       score=judged.score, score_median=judged.score_median)
         record.pending = None
         self.verdicts += 1
+        if self._verdicts_total is not None:
+            self._verdicts_total.labels(data.level, outcome).inc()
         self._log.info("bench verdict", node=event.node, request=request_id, outcome=outcome,
                        reason=reason)
 
@@ -360,6 +376,17 @@ class BenchCoordinator:
         await self._stop_acting()
         if self.election is not None:  # hand the lease over at once
             await self.election.stop(release=True)
+
+    def metrics(self, metrics: ServiceMetrics) -> None:
+        """Verdicts and split searches, by outcome (the shell serves them)."""
+        self._verdicts_total = metrics.counter(
+            "bench_verdicts", "fleet verdicts published, by level and outcome",
+            ("level", "outcome"))
+        self._searches_total = metrics.counter(
+            "bench_searches", "split searches for a bad node, by outcome (found, cleared, "
+            "inconclusive, error)", ("outcome",))
+        self._search_rounds_total = metrics.counter(
+            "bench_search_rounds", "rounds of split-search collectives run")
 
     def health(self) -> dict[str, Any]:
         leadership = self.election.describe() if self.election is not None else {}

@@ -11,6 +11,10 @@ PCIe throughput comes from the amdgpu ``pcie_bw`` sysfs file where the
 driver has it (packets in and out over the last second times the maximum
 payload); reading it blocks for a second, which the worker thread absorbs.
 
+Each inventory's GPU identities (UUID, serial, PCI address, model) are kept
+per index beside the readings: the telemetry contract carries only the index,
+and the agent's /metrics page labels GPUs the way the exporters do.
+
 XGMI throughput comes from ``amd-smi xgmi --metric --json`` (older releases:
 ``-m``), run only when amd-smi is the tool that answered and alongside the
 ``pcie_bw`` read. amd-smi gives bytes moved since the driver loaded, so a rate
@@ -28,7 +32,7 @@ import re
 import shutil
 import subprocess
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -44,6 +48,7 @@ from libs.gpu import (
     xgmi_rates,
 )
 from libs.logs import get_logger
+from services.bench.exporter_names import GpuIdentity
 from services.bench.host_metrics import HostSampler
 
 Probe = Callable[..., ProbeResult]
@@ -103,6 +108,8 @@ class GpuSource:
         self.tool: str | None = None
         self.reason: str | None = None
         self.xgmi_reason: str | None = None  # why XGMI throughput is off, while it is
+        # The last inventory's GPUs by index; replaced whole, never changed in place.
+        self.identities: Mapping[int, GpuIdentity] = {}
         self.probes = 0
         self._retry_at = float("-inf")
         self._xgmi_retry_at = float("-inf")
@@ -117,6 +124,9 @@ class GpuSource:
         inventory = self._inventory()
         if inventory is None:
             return None, []
+        self.identities = {g.index: GpuIdentity(index=g.index, uuid=g.uuid, serial=g.serial,
+                                                pci_bus=g.pci_bus, name=g.name)
+                           for g in inventory.gpus}
         if self.tool != "amd-smi":
             self._xgmi_last = None  # totals from another run of the tool would make a false rate
             xgmi: dict[int, tuple[float, float] | None] = {}
@@ -240,6 +250,7 @@ class NodeSampler:
         self.first_wait_s = first_wait_s
         self._tool: str | None = None
         self._latest: list[GpuMetrics] = []
+        self.identities: Mapping[int, GpuIdentity] = {}  # of the GPUs read last
         self._reading: asyncio.Future[tuple[str | None, list[GpuMetrics]]] | None = None
         self._read_once = False
         self.host.sample()  # prime the counters: the first rates are then real
@@ -264,7 +275,8 @@ class NodeSampler:
             self._read_once = True
             try:
                 self._tool, self._latest = self._reading.result()
+                self.identities = getattr(self.gpus, "identities", {})
             except Exception as exc:  # a parser bug must not stop telemetry
                 get_logger(component="gpu-source").warning("gpu read failed", error=repr(exc))
-                self._tool, self._latest = None, []
+                self._tool, self._latest, self.identities = None, [], {}
             self._reading = None

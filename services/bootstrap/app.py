@@ -18,8 +18,12 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import time
+from collections import Counter
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from typing import Any
+
+from prometheus_client.core import Metric
 
 from libs.bus import Bus
 from libs.events import (
@@ -43,6 +47,7 @@ from libs.events import (
 from libs.inventory import HostsFile, HostSpec
 from libs.kv import Records
 from libs.logs import get_logger
+from libs.metrics import ServiceMetrics, gauge_family, settled
 from libs.records import INVENTORY, JOBS, NODES, InventoryRecord, NodeRecord
 from libs.settings import Settings
 from libs.specs import load_model
@@ -436,6 +441,20 @@ class Bootstrap:
 
     async def stop(self) -> None:
         await cancel_and_wait([*self._drains.values(), self._rebench_task])
+
+    def metrics(self, metrics: ServiceMetrics) -> Callable[[], None]:
+        """Nodes per onboarding state (and cordoned, degraded), read at scrape time."""
+
+        def families() -> Iterator[Metric]:
+            records = settled(lambda: list(self.nodes.values()))
+            yield gauge_family("bootstrap_nodes", "nodes by onboarding state", ("state",),
+                               Counter(r.state for r in records).items())
+            yield gauge_family("bootstrap_nodes_cordoned", "nodes an operator holds", (),
+                               [((), sum(r.cordoned for r in records))])
+            yield gauge_family("bootstrap_nodes_degraded", "nodes benched below their fleet",
+                               (), [((), sum(r.degraded for r in records))])
+
+        return metrics.add_source(families)
 
     def health(self) -> dict[str, Any]:
         states: dict[str, int] = {}

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -59,6 +60,7 @@ from libs.events import (
 )
 from libs.kv import Records
 from libs.logs import get_logger
+from libs.metrics import ServiceMetrics
 from libs.records import FAULTS, NODES, FaultRecord
 from libs.settings import Settings
 from libs.specs import load_model
@@ -79,6 +81,7 @@ from services.failover.faults import (
     classify_exit,
     infra_rule,
 )
+from services.failover.figures import FailoverFigures, failover_families
 from services.failover.routes import ROUTES
 from services.failover.rules import HeartbeatMonitor, MissedHeartbeat
 
@@ -109,6 +112,7 @@ class Failover:
         self.monitor = HeartbeatMonitor(settings.heartbeat_interval_s, settings.heartbeat_missed,
                                         first_beat_grace_s=settings.heartbeat_first_grace_s)
         self.book = FaultBook(load_rules(settings.failover_rules))
+        self._figures: FailoverFigures | None = None
         self.placements: dict[str, tuple[int, set[str]]] = {}  # job -> (attempt, nodes)
         self.bus: Bus | None = None
         self.kv: Records[FaultRecord] | None = None
@@ -414,6 +418,8 @@ class Failover:
             if cordons(f) and self.cordons is not None:
                 self.cordons.uncordon(node, f.kind)  # the node's other faults keep theirs
         await self._record(f)
+        if self._figures is not None:
+            self._figures.sent(d.action, f)
 
     async def _record(self, fault: Fault) -> None:
         """Failover's fault book is the truth: its record stands over one
@@ -429,6 +435,10 @@ class Failover:
             await self.nodes.close()
         if self.cordons is not None:
             await self.cordons.close()
+
+    def metrics(self, metrics: ServiceMetrics) -> Callable[[], None]:
+        self._figures = FailoverFigures(metrics)
+        return metrics.add_source(lambda: failover_families(self.book.faults, self.monitor))
 
     def health(self) -> dict[str, Any]:
         open_faults = [f.fault_id for f in self.book.faults.values() if f.status != "closed"]

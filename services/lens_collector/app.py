@@ -19,6 +19,8 @@ import hashlib
 import json
 import time
 from collections import Counter
+from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -37,9 +39,11 @@ from libs.events import (
     JobProgressData,
     JobStopped,
     JobSubmitted,
+    LensAlert,
 )
 from libs.leader import LeaderElection
 from libs.logs import get_logger
+from libs.metrics import ServiceMetrics
 from libs.settings import Settings
 from libs.specs import load_model
 from libs.store import cluster_statements, migrate, open_store
@@ -47,6 +51,10 @@ from libs.tasks import cancel_and_wait
 from libs.wiring import wire
 from services.lens_collector.alerting import AlertLoop
 from services.lens_collector.alerts import AlertConfig, AlertEngine
+from services.lens_collector.deliverer import Deliverer
+from services.lens_collector.delivery_config import load_delivery
+from services.lens_collector.delivery_schema import DELIVERIES_TABLE, DELIVERY_COLUMNS
+from services.lens_collector.figures import CollectorFigures, collector_families
 from services.lens_collector.ingest import (
     Item,
     Route,
@@ -60,7 +68,12 @@ from services.lens_collector.log_telemetry import COLUMNS as PARSED_COLUMNS
 from services.lens_collector.log_telemetry import JobFormat, LogTelemetry
 from services.lens_collector.protocol import LensQuery, LensRows
 from services.lens_collector.queries import QueryError, resolve
-from services.lens_collector.routes import ALERTS_ROLE, REPLICA_HANDOVER_S, ROUTES
+from services.lens_collector.routes import (
+    ALERTS_ROLE,
+    DELIVERY_DURABLE,
+    REPLICA_HANDOVER_S,
+    ROUTES,
+)
 from services.lens_collector.rows import COLUMNS, EVENT_ID_COLUMN, rows_for
 from services.lens_collector.schema import MIGRATIONS, SHARDING
 from services.lens_collector.store_thread import StoreThread
@@ -87,7 +100,8 @@ class LensCollector:
     def __init__(self, settings: Settings, *, alerts: AlertConfig | None = None,
                  evaluate_alerts: bool = True, alert_interval_s: float = 5.0,
                  batch: int = 20000, fill_s: float = 0.8,
-                 ack_wait_s: float = REPLICA_HANDOVER_S) -> None:
+                 ack_wait_s: float = REPLICA_HANDOVER_S,
+                 alert_receivers: Path | None = None) -> None:
         self.settings = settings
         self.db = settings.clickhouse_database
         # A cluster's layout: every statement of the schema in its cluster form.
@@ -105,6 +119,7 @@ class LensCollector:
         self.redelivered = 0  # messages delivered more than once (the collector died, or slow)
         self.store_s: Counter[str] = Counter()  # the store thread's busy seconds, by kind
         self.inserts = 0
+        self._figures: CollectorFigures | None = None
         self._log = get_logger()
         self._alert_task: asyncio.Task[None] | None = None
         self.alerts: AlertLoop | None = None
@@ -115,6 +130,12 @@ class LensCollector:
             self._alert_config = config
         self._evaluate = evaluate_alerts
         self._alert_interval_s = alert_interval_s
+        # Where alerts are delivered: a bad file stops the start here, with
+        # the file, the field and the fix (libs.specs.SpecError).
+        receivers = alert_receivers or settings.lens_alert_receivers
+        self._delivery = load_delivery(receivers) if receivers is not None else None
+        self.deliverer: Deliverer | None = None
+        self._resend_task: asyncio.Task[None] | None = None
 
     async def _store(self, fn: Any, *args: Any, kind: str = "other") -> Any:
         """``fn`` on the store's one thread (one engine per process), before
@@ -126,7 +147,10 @@ class LensCollector:
             try:
                 return fn(*args)
             finally:
-                self.store_s[kind] += time.perf_counter() - started
+                took = time.perf_counter() - started
+                self.store_s[kind] += took
+                if self._figures is not None:
+                    self._figures.store_seconds.labels(kind).observe(took)
 
         return await self._store_thread.submit(timed, urgent=kind != "telemetry")
 
@@ -140,7 +164,15 @@ class LensCollector:
         applied = await self._store(migrate, self.client, self.db, MIGRATIONS, self.layout)
         await self._store(self._logs_retention)
         self._log.info("store ready", dsn=self.settings.store_dsn.split("@")[-1], applied=applied)
-        await wire(bus, ROUTES, self, tune={"lens-telemetry": {
+        if self._delivery is not None:
+            config, secrets = self._delivery
+            self.deliverer = Deliverer(config, secrets, query=self._sql,
+                                       insert=self._insert_deliveries)
+            await self.deliverer.start()
+        # The delivery consumer only where there is somewhere to deliver to.
+        routes = ROUTES if self.deliverer is not None else replace(ROUTES, consumes=tuple(
+            c for c in ROUTES.consumes if c.durable != DELIVERY_DURABLE))
+        await wire(bus, routes, self, tune={"lens-telemetry": {
             "batch": self.batch, "fill_s": self.fill_s, "ack_wait_s": self.ack_wait_s}})
         if self._evaluate:
             self.alerts = AlertLoop(AlertEngine(self._alert_config), query=self._sql,
@@ -153,6 +185,10 @@ class LensCollector:
             election = self.election
             self._alert_task = asyncio.create_task(
                 self.alerts.run(lambda: election.is_leader))
+        if self.deliverer is not None:  # re-sends: the alert role's leader (any, without one)
+            leads = (lambda: self.election is not None and self.election.is_leader
+                     ) if self.election is not None else None
+            self._resend_task = asyncio.create_task(self.deliverer.run(leads))
 
     # ------------------------------------------------------------------ writing
 
@@ -173,6 +209,18 @@ class LensCollector:
                     await self.alerts.job_ended(event.job, min(event.time.timestamp(),
                                                                time.time()))
 
+    async def on_alert(self, event: LensAlert) -> None:
+        """An alert transition, queued for its receivers (acked once queued)."""
+        if self.deliverer is not None:
+            await self.deliverer.deliver(event)
+
+    async def _insert_deliveries(self, rows: list[list[Any]], token: str) -> None:
+        assert self.client is not None
+        client = self.client
+        await self._store(lambda: client.insert(
+            f"{self.db}.{DELIVERIES_TABLE}", rows, column_names=DELIVERY_COLUMNS,
+            settings={"insert_deduplication_token": token}), kind="alert_delivery")
+
     def _insert_rows(self, tables: dict[str, list[list[Any]]]) -> None:
         assert self.client is not None
         for table, rows in tables.items():
@@ -188,6 +236,8 @@ class LensCollector:
         groups: dict[Route, list[Item]] = {}
         others: list[Msg] = []
         early: list[tuple[Msg, str]] = []
+        if self._figures is not None:
+            self._figures.batch_messages.observe(len(msgs))
         for msg in msgs:
             route = route_of(msg.subject)
             if route is None:
@@ -303,10 +353,16 @@ class LensCollector:
                         rows=[list(r) for r in result.result_rows])
 
     async def stop(self) -> None:
-        await cancel_and_wait([self._alert_task])
+        await cancel_and_wait([self._alert_task, self._resend_task])
+        if self.deliverer is not None:
+            await self.deliverer.stop()  # what is left is retried by whoever leads next
         if self.election is not None:
             await self.election.stop()  # a standby takes over now, not after the TTL
         await asyncio.to_thread(self._store_thread.shutdown)
+
+    def metrics(self, metrics: ServiceMetrics) -> Callable[[], None]:
+        self._figures = CollectorFigures(metrics)
+        return metrics.add_source(collector_families(self))
 
     def health(self) -> dict[str, Any]:
         return {"rows_written": dict(self.rows_written), "refused": self.refused,
@@ -316,7 +372,8 @@ class LensCollector:
                 "insert_s": round(self.store_s["telemetry"], 3),
                 "store_s": {k: round(v, 3) for k, v in sorted(self.store_s.items())},
                 "alerts_published": self.alerts.published if self.alerts else 0,
-                "alerts": self.election.describe() if self.election else None}
+                "alerts": self.election.describe() if self.election else None,
+                "alert_deliveries": dict(self.deliverer.counts) if self.deliverer else None}
 
 
 def _delivered(msg: Msg) -> int:

@@ -12,6 +12,8 @@ ALERTS_ROLE = "lens-alerts"  # the replica that evaluates the alert rules (libs.
 # died goes to another within this. A batch that takes longer to store is
 # kept alive (libs.consume: +WPI), so it is not delivered twice meanwhile.
 REPLICA_HANDOVER_S = 5.0
+DELIVERY_DURABLE = "lens-alert-delivery"
+DELIVERY_REPLAY_S = 900.0
 
 ROUTES = Routes(
     service="lens-collector",
@@ -27,6 +29,12 @@ ROUTES = Routes(
                  mode="raw", batch=20000, fill_s=0.8, inflight=2,
                  ack_wait_s=REPLICA_HANDOVER_S,
                  summary="node, job and log telemetry, handed to the engine as raw JSON"),
+        # Started only where receivers are configured; a new one starts
+        # DELIVERY_REPLAY_S back, not at the stream's first alert.
+        Consumer(DELIVERY_DURABLE, CONTROL, (On(LensAlert, "on_alert"),),
+                 replay_s=DELIVERY_REPLAY_S,
+                 summary="alert transitions, queued for Alertmanager and webhooks "
+                         "(PRIMUS_LENS_ALERT_RECEIVERS)"),
     ),
     publishes=(LensAlert, LogRecord, JobProgress),
     serves=(Serve(LENS_QUERY, "on_query", queue="lens"),),

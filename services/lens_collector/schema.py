@@ -17,6 +17,7 @@ it shipped: existing databases upgrade in place.
 from __future__ import annotations
 
 from libs.store import Migration
+from services.lens_collector.delivery_schema import DELIVERIES_MIGRATION
 from services.lens_collector.gpu_jobs import GPU_JOBS_MIGRATION
 from services.lens_collector.ingest_schema import INGEST_COLUMNS_MIGRATION, INGEST_MIGRATION
 from services.lens_collector.rollups import ROLLUP_MIGRATION
@@ -178,6 +179,8 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(8, "workers' output lines; job telemetry parsed from them",
               WORKER_LOGS_MIGRATION),
     Migration(9, "GPU rows carry the job, attempt and rank using the GPU", GPU_JOBS_MIGRATION),
+    Migration(10, "alert deliveries: every attempt to send an alert, and its outcome",
+              DELIVERIES_MIGRATION),
 )
 
 # Where each table's rows go on a sharded cluster (PRIMUS_CLICKHOUSE_CLUSTER,
@@ -191,6 +194,7 @@ SHARDING: dict[str, str] = {
     "job_metrics": "cityHash64(job)",
     "logs": "cityHash64(job, node)",
     "alerts": "cityHash64(alert_id)",
+    "alert_deliveries": "cityHash64(delivery_id)",
     "gpu_metrics_1m": "cityHash64(node)",
     "node_metrics_1m": "cityHash64(node)",
     "job_metrics_1m": "cityHash64(job)",

@@ -33,7 +33,7 @@ import asyncio
 import contextlib
 import math
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -59,6 +59,7 @@ from libs.inventory import HostSpec
 from libs.kv import Records
 from libs.leader import LeaderElection, NotLeader, follow
 from libs.logs import get_logger
+from libs.metrics import ServiceMetrics
 from libs.records import JOBS, NODES, JobRecord, NodeRecord
 from libs.settings import Settings
 from libs.tasks import cancel_and_wait
@@ -67,6 +68,7 @@ from services.scheduler import config as scheduler_config
 from services.scheduler import lifecycle, workload
 from services.scheduler.announcements import SOURCE, announcement, end_of
 from services.scheduler.callout import AuthCallout
+from services.scheduler.figures import SchedulerFigures, scheduler_families
 from services.scheduler.policy import admission, schedule
 from services.scheduler.protocol import AdmissionReply, AdmissionRequest
 from services.scheduler.routes import ROUTES
@@ -124,6 +126,7 @@ class Scheduler:
         self._shown: dict[str, tuple[int, str]] = {}
         self.cycles = 0
         self.last_cycle_ms = 0.0
+        self._figures: SchedulerFigures | None = None
         self._log = get_logger()
 
     # ------------------------------------------------------------------ start
@@ -472,7 +475,10 @@ class Scheduler:
         result = schedule(snap, self.config.policy(), now)
         self.state.reservations = dict(result.reservations)
         self.cycles += 1
-        self.last_cycle_ms = round(1000 * (time.perf_counter() - t0), 3)
+        took = time.perf_counter() - t0
+        self.last_cycle_ms = round(1000 * took, 3)
+        if self._figures is not None:
+            self._figures.cycle(took, result)
         for preemption in result.preemptions:
             await self._apply(self.state.jobs[preemption.victim],
                               lifecycle.Preempt(preemption.preemptor))
@@ -567,6 +573,14 @@ class Scheduler:
             await self.election.stop(release=True)
         if self.callout is not None:
             await self.callout.stop()
+
+    def metrics(self, metrics: ServiceMetrics) -> Callable[[], None]:
+        """Cycle times, decisions and preemptions as they happen; the queue
+        and the jobs by status read at scrape time (a standby reports none)."""
+        self._figures = SchedulerFigures(metrics)
+        return metrics.add_source(lambda: scheduler_families(
+            self.state, leading=self._term is not None,
+            workspaces=[w.name for w in self.workspaces]))
 
     def health(self) -> dict[str, Any]:
         counts: dict[str, int] = {}

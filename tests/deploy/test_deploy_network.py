@@ -236,8 +236,8 @@ def test_agents_reach_each_other_for_multinode_benchmarks(render: Renderer) -> N
     ("values", "expected"),
     [
         ({"networkPolicy": {"enabled": False}}, set()),
-        (SCENARIOS["external-services"], {"default-deny", "bench-agent"}),
-        ({}, {"default-deny", "nats", "clickhouse", "bench-agent"}),
+        (SCENARIOS["external-services"], {"default-deny", "bench-agent", "metrics"}),
+        ({}, {"default-deny", "nats", "clickhouse", "bench-agent", "metrics"}),
     ],
     ids=["off", "external", "defaults"],
 )

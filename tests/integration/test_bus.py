@@ -6,6 +6,7 @@ import asyncio
 
 import nats.errors
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 from pydantic import BaseModel
 
 from libs.bus import (
@@ -27,6 +28,7 @@ from libs.events import (
     NodeAgentStopping,
     NodeHeartbeat,
 )
+from libs.metrics import ServiceMetrics
 from libs.routes import Empty, Endpoint, Reply, Routes
 
 
@@ -153,6 +155,44 @@ async def test_malformed_message_is_dead_lettered_and_consumer_keeps_serving(bus
     reasons = [m.headers[REASON_HEADER] for m in msgs]
     assert all(r.startswith("invalid event:") for r in reasons)
     assert any("Field required" in r for r in reasons)
+
+
+async def test_handled_and_refused_messages_are_counted_by_subject(bus: Bus) -> None:
+    """/metrics figures: handled and dead-lettered by subject pattern, the
+    handler's time, how late messages were handled, the durable's pending."""
+    bus.metrics = ServiceMetrics("test")
+    subject = "safe.node.n7.agent_stopping"
+    await bus.js.publish(subject, b"\xff not json")
+    for i in range(1, 6):
+        await bus.publish(note(node="n7", seq=i))
+    seen: list[str] = []
+
+    async def handler(event: Event) -> None:
+        seen.append(event.id)
+
+    bus.consume(durable="t-metrics", subjects=["safe.node.*.agent_stopping"], stream=CONTROL,
+                handler=handler)
+
+    async def done() -> bool:
+        return len(seen) == 5 and bus.stats.dead_lettered == 1
+
+    await wait_until(done)
+    await bus.measure_pending()
+    page = {f.name: f for f in text_string_to_metric_families(bus.metrics.render().decode())}
+
+    def value(name: str, suffix: str = "", **labels: str) -> float:
+        return sum(s.value for s in page[name].samples
+                   if s.name == name + suffix and labels.items() <= s.labels.items())
+
+    pattern = "safe.node.*.agent_stopping"
+    assert value("primus_messages_handled", "_total", consumer="t-metrics",
+                 subject=pattern) == 5
+    assert value("primus_messages_dead_lettered", "_total", subject=pattern) == 1
+    assert value("primus_handler_seconds", "_count", consumer="t-metrics") == 5
+    assert value("primus_consumer_lag_seconds", "_count", consumer="t-metrics") == 5
+    assert ("t-metrics" in {s.labels.get("consumer") for s in page["primus_consumer_pending"]
+                            .samples})
+    assert value("primus_consumer_pending", consumer="t-metrics") == 0
 
 
 async def test_failing_handler_is_retried_then_dead_lettered(bus: Bus) -> None:

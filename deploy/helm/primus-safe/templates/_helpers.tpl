@@ -188,6 +188,10 @@ cluster (so a stream survives the loss of a server), else one.
 {{- end }}
 
 {{- define "primus-safe.env" -}}
+- name: PRIMUS_METRICS
+  value: {{ .Values.metrics.enabled | quote }}
+- name: PRIMUS_METRICS_PORT
+  value: {{ int .Values.metrics.port | quote }}
 - name: PRIMUS_NATS_URL
   value: {{ include "primus-safe.natsUrl" . | quote }}
 - name: PRIMUS_NATS_REPLICAS
@@ -301,4 +305,52 @@ Pod annotations that roll the pods when their configuration changes.
 */}}
 {{- define "primus-safe.configChecksum" -}}
 checksum/settings: {{ toYaml .Values.settings | sha256sum }}
+{{- end }}
+
+{{/*
+A container's metrics port (metrics.enabled), under the name the PodMonitor,
+the ServiceMonitor's Service and the NetworkPolicy use.
+*/}}
+{{- define "primus-safe.metricsPort" -}}
+{{- if .Values.metrics.enabled }}
+ports:
+  - name: metrics
+    containerPort: {{ int .Values.metrics.port }}
+    protocol: TCP
+{{- end }}
+{{- end }}
+
+{{/*
+Pod annotations for Prometheus's annotation-based pod discovery.
+*/}}
+{{- define "primus-safe.scrapeAnnotations" -}}
+{{- if and .Values.metrics.enabled .Values.metrics.scrapeAnnotations }}
+prometheus.io/scrape: "true"
+prometheus.io/port: {{ int .Values.metrics.port | quote }}
+prometheus.io/path: /metrics
+{{- end }}
+{{- end }}
+
+{{/*
+The pods that serve /metrics. Args: release (its name and instance labels),
+components (list).
+*/}}
+{{- define "primus-safe.metricsSelector" -}}
+matchLabels:
+  {{- toYaml .release | nindent 2 }}
+matchExpressions:
+  - key: app.kubernetes.io/component
+    operator: In
+    values: {{ toJson .components }}
+{{- end }}
+
+{{/* The monitors' target labels: the component as `service`, an agent's node as `node`. */}}
+{{- define "primus-safe.metricsRelabelings" -}}
+- sourceLabels: [__meta_kubernetes_pod_label_app_kubernetes_io_component]
+  targetLabel: service
+# Agents only: a service's Kubernetes node is not a platform node.
+- sourceLabels: [__meta_kubernetes_pod_label_app_kubernetes_io_component, __meta_kubernetes_pod_node_name]
+  regex: bench-agent;(.+)
+  targetLabel: node
+  replacement: $1
 {{- end }}

@@ -50,6 +50,9 @@ spec:
         {{- include "primus-safe.labels" $ctx | nindent 8 }}
       annotations:
         {{- include "primus-safe.configChecksum" $root | nindent 8 }}
+        {{- with (include "primus-safe.scrapeAnnotations" $root) }}
+        {{- . | nindent 8 }}
+        {{- end }}
         {{- with .checksum }}
         checksum/config: {{ . }}
         {{- end }}
@@ -74,6 +77,9 @@ spec:
           image: {{ include "primus-safe.image" (dict "root" $root "image" $root.Values.image) }}
           imagePullPolicy: {{ $root.Values.image.pullPolicy }}
           args: [{{ .component | quote }}]
+          {{- with (include "primus-safe.metricsPort" $root) }}
+          {{- . | nindent 10 }}
+          {{- end }}
           env:
             {{- include "primus-safe.env" $root | nindent 12 }}
             {{- include "primus-safe.natsEnv" $ctx | nindent 12 }}
