@@ -191,6 +191,9 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--nats-cluster", type=int, choices=(1, 3, 5), default=1, metavar="N",
                     help="nats-servers: 1 (default), or a cluster of 3 or 5 on loopback "
                     "with every stream and bucket at 3 replicas")
+    up.add_argument("--onboarding-level", choices=("quick", "standard", "full"),
+                    default="quick", help="the bench new nodes pass (default quick: the "
+                    "local nodes share this machine's CPU; a cluster's default is standard)")
     demo = sub.add_parser("demo", help="up + onboard + train + inject a fault + recover")
     demo.add_argument("--nodes", type=int, default=5)
     demo.add_argument("--job", default="examples/job.yaml", help="the job using the SDK")

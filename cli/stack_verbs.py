@@ -29,6 +29,7 @@ from cli.routes import ROUTES as CLI_ROUTES
 from libs.bus import Bus
 from libs.checkpoint_layouts import Found, discover
 from libs.embedded import (
+    SCRAPE_TARGETS,
     EmbeddedStack,
     StackBusy,
     StackFileError,
@@ -57,7 +58,8 @@ def up(args: argparse.Namespace) -> int:
     SIGTERM stops everything, training workers included."""
     configure("up")  # the supervisor's lines: JSON on stderr, like every service
     stack = EmbeddedStack(_state_dir(args, ".primus"), nodes=args.nodes,
-                          nats_cluster=args.nats_cluster)
+                          nats_cluster=args.nats_cluster,
+                          onboarding_level=args.onboarding_level)
     stop = False
 
     def _stop(*_: Any) -> None:
@@ -83,6 +85,8 @@ def up(args: argparse.Namespace) -> int:
             console.print(f"[green]up[/]: {ready} nodes ready; bus {stack.nats.public_url}; "
                           f"state {stack.state_dir}. In another shell: primus-safe submit "
                           "examples/job.yaml; primus-safe jobs. Ctrl-C stops.")
+            console.print(f"metrics: every service's /metrics on 127.0.0.1, as Prometheus "
+                          f"file_sd targets in {stack.state_dir / SCRAPE_TARGETS}")
         while not stop:
             time.sleep(0.5)
             for name in stack.supervise():

@@ -433,6 +433,10 @@ class EmbeddedStack:
     hosts: HostsFile | None = None
     env: dict[str, str] = field(default_factory=dict)
     nats_cluster: int = 1  # nats-servers: 1, or a cluster of 3 (or 5) with R3 streams
+    # The bench new nodes pass: local nodes are slots of this one machine's
+    # CPU, benched at once, so the standard level would measure them against
+    # each other on shared cores (slow, and noisy for the fleet verdict).
+    onboarding_level: str = "quick"
     nats: NatsServer | NatsCluster | None = None
     procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     args: dict[str, tuple[str, ...]] = field(default_factory=dict)  # to restart one
@@ -478,6 +482,7 @@ class EmbeddedStack:
             # A copy of every stream and bucket on each member (at most 3:
             # a 5-server cluster still loses nothing to two failures at R3).
             PRIMUS_NATS_REPLICAS=str(min(3, self.nats_cluster)),
+            PRIMUS_ONBOARDING_BENCH_LEVEL=self.onboarding_level,
             PYTHONUNBUFFERED="1",
             OMP_NUM_THREADS="1",  # many small processes share two cores
         )

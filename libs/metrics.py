@@ -27,10 +27,9 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, star
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.exposition import generate_latest
 
-from libs.events import EVENT_TYPES, event_type_name
+from libs.events import EVENT_TYPES
 from libs.logs import get_logger
 from libs.routes import event_subject
-from libs.topology import subject_matches
 
 PREFIX = "primus"
 Source = Callable[[], Iterable[Metric]]
@@ -185,16 +184,26 @@ def settled(read: Callable[[], _T], tries: int = 5) -> _T:
     return read()
 
 
-@lru_cache(maxsize=8192)
+# Every node's and job's subjects (12,500 nodes have as many telemetry subjects).
+@lru_cache(maxsize=1 << 16)
 def subject_label(subject: str) -> str:
     """A bounded label for a subject: its event's subject pattern
     (``safe.node.*.state``), the first two tokens and ``>`` otherwise. Node
     and job names never become label values."""
-    for pattern in _PATTERNS:
-        if subject_matches(pattern, subject):
-            return pattern
-    return ".".join([*subject.split(".")[:2], ">"])
+    tokens = subject.split(".")
+    for pattern in _PATTERNS.get(len(tokens), ()):
+        if all(p == "*" or p == t for p, t in zip(pattern, tokens, strict=True)):
+            return ".".join(pattern)
+    return ".".join([*tokens[:2], ">"])
 
 
-_PATTERNS: tuple[str, ...] = tuple(sorted({event_subject(cls) for cls in EVENT_TYPES}))
-EVENT_NAMES = {event_subject(cls): event_type_name(cls) for cls in EVENT_TYPES}
+def _by_length(patterns: Iterable[str]) -> dict[int, tuple[tuple[str, ...], ...]]:
+    out: dict[int, list[tuple[str, ...]]] = {}
+    for pattern in sorted(set(patterns)):
+        assert ">" not in pattern, pattern  # event subjects are fixed-length
+        tokens = tuple(pattern.split("."))
+        out.setdefault(len(tokens), []).append(tokens)
+    return {n: tuple(p) for n, p in out.items()}
+
+
+_PATTERNS = _by_length(event_subject(cls) for cls in EVENT_TYPES)

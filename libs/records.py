@@ -85,6 +85,10 @@ class NodeRecord(Record):
     rebench_attempts: int = Field(default=0, description="re-benches since it was quarantined")
     next_rebench_at: float | None = Field(default=None, description="when a quarantined node "
                                           "is benched again (None: not scheduled)")
+    verdict_due_at: float | None = Field(
+        default=None, description="its standard/full bench passed on the agent: the fleet "
+        "verdict (bench-coordinator) is awaited until then, after which the agent's result "
+        "stands")
 
     @property
     def name(self) -> str:

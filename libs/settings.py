@@ -81,6 +81,14 @@ class Settings(BaseSettings):
     rebench_first_s: float = Field(
         default=60.0, gt=0, description="bootstrap: a quarantined node is benched again this "
         "long after it left service, then after twice as long, up to rebench_max_interval_s")
+    onboarding_bench_level: Literal["quick", "standard", "full"] = Field(
+        default="standard", description="bootstrap: the bench a new or quarantined node must "
+        "pass before it takes jobs (standard: GEMM, HBM, a training step, judged against the "
+        "fleet and the GPU model's peak floors); quick only checks devices and tools")
+    bench_verdict_wait_s: float = Field(
+        default=300.0, ge=0, description="bootstrap: how long a node whose standard/full bench "
+        "passed on its agent waits in preflight for bench-coordinator's fleet verdict before "
+        "the agent's own result stands (0: do not wait)")
     rebench_max_interval_s: float = Field(default=3600.0, gt=0)
     rebench_attempts: int = Field(
         default=10, ge=0, description="re-benches of a quarantined node before it waits for an "

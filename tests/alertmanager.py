@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
 import time
 import urllib.error
@@ -24,6 +23,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+from libs.drivers.local import free_port
+from tests.helpers import terminate
 
 BINARIES = ("prometheus-alertmanager", "alertmanager")
 CONFIG = """route:
@@ -48,12 +50,6 @@ def binary() -> str:
     if os.environ.get("CI") == "true":
         pytest.fail(f"{reason} (CI=true: a missing binary is a failure)")
     pytest.skip(reason)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class Alertmanager:
@@ -106,9 +102,4 @@ def alertmanager(tmp_path: Path) -> Iterator[Alertmanager]:
             time.sleep(0.1)
         yield Alertmanager(url, proc, log)
     finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        terminate(proc)

@@ -49,7 +49,10 @@ def start_service(verb: str, args: list[str], nats_url: str, tmp_path: Path,
     # /metrics on any free port (the health reply says which): several at once here.
     full_env.update(PRIMUS_NATS_URL=nats_url, PRIMUS_STATE_DIR=str(tmp_path / "state"),
                     PRIMUS_CLICKHOUSE_DSN=f"chdb://{tmp_path / 'chdb'}",
-                    PRIMUS_METRICS_PORT="0", **env)
+                    PRIMUS_METRICS_PORT="0",
+                    # Nodes onboard with the quick level here (no coordinator runs in
+                    # most of these tests to give the standard level its verdict).
+                    PRIMUS_ONBOARDING_BENCH_LEVEL="quick", **env)
     log = (tmp_path / f"{verb}.log").open("wb")
     return subprocess.Popen([sys.executable, "-m", "cli.main", verb, *args], env=full_env,
                             cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
@@ -73,6 +76,26 @@ def stop_process(proc: subprocess.Popen[bytes], log: Path | None = None,
         tail = log.read_text(errors="replace")[-6000:] if log is not None and log.exists() else ""
         raise AssertionError(f"{proc.args} did not stop within {timeout} s of SIGTERM; "
                              f"its log ends:\n{tail}") from None
+
+
+def terminate(proc: subprocess.Popen[bytes], timeout: float = 10) -> int:
+    """Stop a server the test started (not one of ours: no stack dump): SIGTERM,
+    then SIGKILL if it has not exited within ``timeout``; its exit code."""
+    if proc.poll() is None:
+        proc.terminate()
+    try:
+        return proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        return proc.wait()
+
+
+def stack_cli_env(state_dir: Path) -> dict[str, str]:
+    """The environment a CLI call against an embedded stack needs: its state
+    directory (where stack.json names the bus), and no other PRIMUS_ setting."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PRIMUS_")}
+    env["PRIMUS_STATE_DIR"] = str(state_dir)
+    return env
 
 
 async def wait_healthy(bus: Bus, service: str, node: str | None = None,

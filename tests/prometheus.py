@@ -23,6 +23,7 @@ import pytest
 import yaml
 
 from libs.drivers.local import free_port
+from tests.helpers import terminate
 
 INSTALL = "apt-get install -y prometheus"
 
@@ -89,11 +90,6 @@ class Prometheus:
         return self.api("targets", state="active")["activeTargets"]
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        if self.proc is not None:
+            terminate(self.proc, 15)
         self.proc = None

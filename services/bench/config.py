@@ -15,10 +15,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from libs.specs import SpecError, load_model
+from services.bench.gpu_peaks import DEFAULT_FLOORS, lookup, peak_floors
 
+PeakDtype = Literal["bf16", "fp16", "fp32", "int8", "fp8", "hbm"]
 CheckKind = Literal["gpu_count", "gpu_temperature", "gpu_ecc", "gpu_pcie", "gpu_xgmi",
                     "gpu_power", "gpu_vram", "gemm"]
 
@@ -62,7 +64,11 @@ class Timing(_Model):
 
 class StandardConfig(_Model):
     gpu_gemm_sizes: list[int] = Field(default=[4096, 8192], min_length=1)
-    gpu_gemm_dtypes: list[Literal["bf16", "fp16", "fp32"]] = ["bf16", "fp16", "fp32"]
+    gpu_gemm_dtypes: list[Literal["bf16", "fp16", "fp32", "int8", "fp8"]] = Field(
+        default=["bf16", "fp16", "fp32", "int8", "fp8"], min_length=1,
+        description="int8 (torch._int_mm, int32 result, in TOPS) and fp8 (torch._scaled_mm, "
+        "e4m3, bf16 result) run where the device supports them; elsewhere the result says "
+        "why they were skipped")
     # bf16/fp16 matmul on a CPU is ~100x slower than fp32: only fp32 there.
     cpu_gemm_sizes: list[int] = Field(default=[256, 512], min_length=1)
     cpu_threads: int = Field(default=1, ge=1, description="torch threads per CPU device slot")
@@ -121,7 +127,22 @@ class BenchConfig(_Model):
     fleet: FleetPolicy = FleetPolicy()
     floors: dict[str, dict[str, float]] = Field(
         default_factory=dict,
-        description="GPU model -> figure name -> lowest acceptable value (in the figure's unit)")
+        description="GPU model -> figure name -> lowest acceptable value (in the figure's "
+        "unit); stands over the floor derived from the model's peak")
+    peak_floors: dict[PeakDtype, float] = Field(
+        default_factory=lambda: dict(DEFAULT_FLOORS),
+        description="dtype (bf16, fp16, fp32, int8, fp8) or hbm -> the share of the GPU "
+        "model's published peak (services/bench/gpu_peaks.py) below which a GEMM of at least "
+        "8192^3 (or the HBM copy/triad bandwidth) fails the node, whatever the fleet "
+        "measures; {} turns them off")
+
+    @field_validator("peak_floors")
+    @classmethod
+    def _fractions(cls, value: dict[str, float]) -> dict[str, float]:
+        bad = {k: v for k, v in value.items() if not 0 < v <= 1}
+        if bad:
+            raise ValueError(f"a share of peak is above 0 and at most 1; got {bad}")
+        return value
 
     @model_validator(mode="after")
     def _unique_names(self) -> BenchConfig:
@@ -130,6 +151,12 @@ class BenchConfig(_Model):
         if dupes:
             raise ValueError(f"probe names must be unique; repeated: {', '.join(dupes)}")
         return self
+
+    def floors_of(self, gpu_model: str, figures: list[str]) -> dict[str, float]:
+        """Every floor for these figures of a run on ``gpu_model``: the share
+        of the model's peak, overridden by the configured absolute floors."""
+        derived = peak_floors(figures, lookup(gpu_model), dict(self.peak_floors))
+        return {**derived, **self.floors_for(gpu_model)}
 
     def floors_for(self, gpu_model: str) -> dict[str, float]:
         """Floors of the first configured model named in ``gpu_model`` (case-insensitive),

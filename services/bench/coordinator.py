@@ -242,7 +242,8 @@ class BenchCoordinator:
         config = self.config.current
         model = data.gpu_model or data.device
         judged = judge_node([(f.name, f.value, f.unit) for f in data.figures], peers,
-                            policy=config.fleet, floors=config.floors_for(model),
+                            policy=config.fleet,
+                            floors=config.floors_of(model, [f.name for f in data.figures]),
                             spread=spread)
         local: tuple[Outcome, str] = (data.outcome or ("healthy" if data.passed else "failed"),
                                       data.reason)

@@ -90,8 +90,8 @@ def main(argv: list[str] | None = None) -> int:
     g = sub.add_parser("gemm")
     g.add_argument("--out", required=True)
     g.add_argument("--sizes", type=int, nargs="+", default=[8192])
-    g.add_argument("--dtypes", nargs="+", default=["bf16", "fp16", "fp32"],
-                   choices=["bf16", "fp16", "fp32"])
+    g.add_argument("--dtypes", nargs="+", default=["bf16", "fp16", "fp32", "int8", "fp8"],
+                   choices=["bf16", "fp16", "fp32", "int8", "fp8"])
     c = sub.add_parser("collectives")
     c.add_argument("--out", required=True)
     c.add_argument("--bytes", type=int, nargs="+", default=[64 << 20, 512 << 20])

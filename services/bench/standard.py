@@ -73,7 +73,9 @@ def gemm_suite(kind: str, config: StandardConfig, turn: Turn = None) -> Results:
             detail="CPU device: bf16/fp16 matmul is ~100x slower than fp32 there; "
                    "only fp32 is measured"))
     gen = torch.Generator(device="cpu").manual_seed(0)
-    for dtype_name in wanted:
+    for dtype_name in [d for d in wanted if d in EIGHT_BIT]:  # GPUs only, as bf16/fp16
+        out.extend(eight_bit_gemm(dtype_name, device, sizes, timer, gen))
+    for dtype_name in [d for d in wanted if d not in EIGHT_BIT]:
         for size in sizes:
             a = torch.randn(size, size, generator=gen).to(device=device, dtype=dtypes[dtype_name])
             b = torch.randn(size, size, generator=gen).to(device=device, dtype=dtypes[dtype_name])
@@ -89,6 +91,79 @@ def gemm_suite(kind: str, config: StandardConfig, turn: Turn = None) -> Results:
                 detail=f"median of {len(t.samples)} samples, spread {t.spread:.2f}"
                 if finite else "result has NaN/Inf"))
             del a, b, c
+    return out
+
+
+EIGHT_BIT = ("int8", "fp8")
+
+
+def fp8_dtype(device: str) -> object | None:
+    """The e4m3 fp8 this device's matrix cores take: ``float8_e4m3fnuz`` on
+    CDNA3 (MI300X/MI325X, gfx942), the OCP ``float8_e4m3fn`` elsewhere
+    (H100/H200, MI355X, a CPU); None with a torch that has no fp8."""
+    import torch
+
+    if not hasattr(torch, "float8_e4m3fn"):
+        return None
+    if device == "cpu":
+        return torch.float8_e4m3fn
+    arch = getattr(torch.cuda.get_device_properties(0), "gcnArchName", "") or ""
+    return torch.float8_e4m3fnuz if arch.startswith("gfx94") else torch.float8_e4m3fn
+
+
+def eight_bit_gemm(dtype_name: str, device: str, sizes: list[int],
+                   timer: Callable[[Callable[[], object]], Measured], gen: object) -> Results:
+    """int8 (``torch._int_mm``: int32 accumulate, TOPS) or fp8 e4m3
+    (``torch._scaled_mm`` with unit scales, bf16 out, TFLOPS). A device or
+    torch build without the kernel gets a "skipped" check saying so (the
+    A100 and MI250X have no fp8); a wrong result fails the check: an 8-bit
+    product of small integers is exact, so it is compared with fp32's."""
+    import torch
+
+    out = Results()
+    fp8 = fp8_dtype(device) if dtype_name == "fp8" else None
+    if dtype_name == "fp8" and fp8 is None:
+        out.checks.append(BenchCheck(name="gemm_fp8", status="skipped",
+                                     detail="this torch build has no float8 type"))
+        return out
+    one = torch.ones((), device=device, dtype=torch.float32)  # fp8's unit scales
+    for size in sizes:
+        # Small integers (-4..4): exact in int8 and e4m3, and their products
+        # summed in int32 / fp32 accumulators too, so the check is equality.
+        a = torch.randint(-4, 5, (size, size), generator=gen).to(device)  # type: ignore[arg-type]
+        b = torch.randint(-4, 5, (size, size), generator=gen).to(device)  # type: ignore[arg-type]
+        name = f"gemm_{dtype_name}_{size}"
+        try:
+            if dtype_name == "int8":
+                a8, b8 = a.to(torch.int8), b.to(torch.int8)
+
+                def run(a8: object = a8, b8: object = b8) -> object:
+                    return torch._int_mm(a8, b8)  # type: ignore[arg-type]
+            else:
+                a8 = a.to(torch.float32).to(fp8)  # type: ignore[arg-type]
+                b8 = b.to(torch.float32).to(fp8).t().contiguous().t()  # type: ignore[arg-type]
+
+                def run(a8: object = a8, b8: object = b8) -> object:
+                    return torch._scaled_mm(a8, b8, scale_a=one, scale_b=one,  # type: ignore[arg-type]
+                                            out_dtype=torch.bfloat16)
+            result = run()
+        except (RuntimeError, NotImplementedError, TypeError) as exc:
+            out.checks.append(BenchCheck(name=f"gemm_{dtype_name}", status="skipped", detail=(
+                f"{dtype_name} matmul not supported here: {str(exc).splitlines()[0][:200]}")))
+            return out
+        t = timer(run)
+        want = a[:64].to(torch.float32) @ b[:, :64].to(torch.float32)
+        got = result[:64, :64].to(torch.float32)  # type: ignore[index]
+        right = bool(torch.equal(got, want)) if dtype_name == "int8" else bool(
+            torch.allclose(got, want, rtol=1e-2, atol=1.0))  # bf16 rounding of the output
+        unit = "TOPS" if dtype_name == "int8" else "TFLOPS"
+        out.figures.append(Figure(name=f"{name}_{unit.lower()}",
+                                  value=round(2 * size**3 / t.seconds / 1e12, 6), unit=unit))
+        out.checks.append(BenchCheck(
+            name=name, status="ok" if right else "failed",
+            detail=f"median of {len(t.samples)} samples, spread {t.spread:.2f}" if right
+            else "result differs from the fp32 product of the same integers"))
+        del a, b, a8, b8, result
     return out
 
 

@@ -54,7 +54,7 @@ from libs.specs import load_model
 from libs.tasks import cancel_and_wait
 from libs.wiring import wire
 from services.bootstrap import rebench
-from services.bootstrap.onboarding import State, Trigger, step
+from services.bootstrap.onboarding import State, Trigger, awaits_verdict, step
 from services.bootstrap.plan import NodeChange, busy_jobs, diff_nodes
 from services.bootstrap.protocol import (
     REMOVE_BY_KUBESPRAY,
@@ -193,8 +193,8 @@ class Bootstrap:
         await self._set_state(node, "bench_requested", "onboarding preflight", cause=cause)
         await self.bus.publish(BenchRequest(
             id=f"{cause or record.registration}-bench", source=SOURCE, node=node,
-            data=BenchRequestData(level="quick", reason="onboarding",
-                                  expected_devices=record.spec.gpu_count),
+            data=BenchRequestData(level=self.settings.onboarding_bench_level,
+                                  reason="onboarding", expected_devices=record.spec.gpu_count),
         ))
 
     # ------------------------------------------------------------------ coming back
@@ -207,6 +207,7 @@ class Bootstrap:
             try:
                 async with self._lock:
                     await self._rebench_due(time.time())
+                    await self._verdicts_overdue(time.time())
             except Exception:  # this loop brings nodes back: it must live
                 self._log.exception("re-bench check failed")
 
@@ -234,7 +235,7 @@ class Bootstrap:
         await self._set_state(node, "repair_started", reason, cause=cause)
         await self.bus.publish(BenchRequest(
             id=f"{cause}-bench", source=SOURCE, node=node,
-            data=BenchRequestData(level="quick", reason=reason,
+            data=BenchRequestData(level=self.settings.onboarding_bench_level, reason=reason,
                                   expected_devices=record.spec.gpu_count,
                                   expires_at=expires_at)))
 
@@ -335,12 +336,45 @@ class Bootstrap:
         async with self._lock:
             if self._known(event):
                 reason = f"bench {event.data.level}: {event.data.reason}"
+                if await self._await_verdict(event):
+                    return
                 await self._set_state(
                     event.node, "bench_passed" if event.data.passed else "bench_failed",
                     reason, cause=event.id)
                 if event.data.passed:
                     await self._set_degraded(event.node, event.data.outcome == "degraded",
                                              reason, cause=event.id)
+
+    async def _await_verdict(self, event: BenchResult) -> bool:
+        """An agent's pass of a judged level: the node stays where it is until
+        the coordinator's verdict, or ``bench_verdict_wait_s`` (then the
+        agent's result stands: see ``_verdicts_overdue``)."""
+        data, record = event.data, self.nodes[event.node]
+        wait = self.settings.bench_verdict_wait_s
+        if wait <= 0 or not awaits_verdict(record.state, level=data.level, passed=data.passed,
+                                           judged_by=data.judged_by):
+            return False
+        await self._save(record.model_copy(update={
+            "verdict_due_at": time.time() + wait,
+            "reason": f"bench {data.level} passed on the node; awaiting the fleet verdict"}))
+        self._log.info("bench passed on the node; awaiting the fleet verdict", node=event.node,
+                       level=data.level, wait_s=wait)
+        return True
+
+    async def _verdicts_overdue(self, now: float) -> None:
+        """Nodes whose fleet verdict did not come in time (no coordinator
+        runs, or it is down): the agent's passing result stands."""
+        for name, record in list(self.nodes.items()):
+            if record.verdict_due_at is None or now < record.verdict_due_at:
+                continue
+            if record.state in ("preflight", "repair"):
+                self._log.warning("no fleet verdict in time; the node's own bench stands",
+                                  node=name, waited_s=self.settings.bench_verdict_wait_s)
+                await self._set_state(name, "bench_passed", "bench passed on the node; no "
+                                      f"fleet verdict within {self.settings.bench_verdict_wait_s:g}"
+                                      " s", cause=f"{name}-verdict-{int(record.verdict_due_at)}")
+            else:
+                await self._save(self.nodes[name].model_copy(update={"verdict_due_at": None}))
 
     async def _set_degraded(self, node: str, degraded: bool, reason: str, cause: str) -> None:
         """A passing bench says whether the node is below its fleet; the
@@ -397,7 +431,8 @@ class Bootstrap:
                                                          schedulable=not record.cordoned,
                                                          degraded=record.degraded),
         ))
-        changed = record.model_copy(update={"state": new, "reason": moved.reason})
+        changed = record.model_copy(update={"state": new, "reason": moved.reason,
+                                            "verdict_due_at": None})
         if new == "quarantined" and record.state != "repair":
             # Newly out of service (a failed re-bench keeps its back-off).
             changed = rebench.on_quarantine(changed, time.time(), self.rebench)

@@ -79,3 +79,16 @@ def run(start: State, triggers: list[Trigger]) -> list[State]:
         if moved is not None:
             states.append(moved.state)
     return states
+
+
+# Levels bench-coordinator judges against the fleet and the peak floors.
+JUDGED_LEVELS = frozenset({"standard", "full"})
+
+
+def awaits_verdict(state: State, *, level: str, passed: bool, judged_by: str) -> bool:
+    """Whether an agent's passing run of a judged level leaves the node in
+    preflight (or repair) until the fleet verdict: a GPU slower than its
+    model's floor or its fleet passes every check the agent makes itself, and
+    must not take a job before the coordinator says so. Pure."""
+    return (passed and judged_by == "agent" and level in JUDGED_LEVELS
+            and state in ("preflight", "repair"))

@@ -12,10 +12,13 @@ from pathlib import Path
 import pytest
 
 from services.bench import gpu_check
-from services.bench.gpu_peaks import PEAKS, lookup, shares, table
+from services.bench.config import BenchConfig
+from services.bench.fleet import judge_node
+from services.bench.gpu_peaks import DEFAULT_FLOORS, PEAKS, lookup, peak_floors, shares, table
 from tests.helpers import ROOT
 
 NAMES = [
+    ("AMD Instinct MI355X", "MI355X"),
     ("AMD Instinct MI300X", "MI300X"),
     ("AMD Instinct MI300X VF", "MI300X"),
     ("AMD Instinct MI325X", "MI325X"),
@@ -46,6 +49,62 @@ def test_the_table_is_dense_per_device_and_ordered_sensibly() -> None:
     assert PEAKS["MI300X"].tflops["bf16"] == 1307.4  # dense, not the 2614.9 sparse figure
     assert PEAKS["H100 SXM"].tflops["bf16"] == 989.4  # dense, not 1,979 with sparsity
     assert PEAKS["MI250X"].tflops["bf16"] * 2 == 383.0  # one GCD is one torch device
+    assert PEAKS["MI355X"].tflops["bf16"] == 2516.6  # AMD's "2.5 PFLOPS", dense
+    for peaks in PEAKS.values():  # 8-bit runs twice the 16-bit rate where a part has it
+        ratio = peaks.tflops["int8"] / peaks.tflops["bf16"]
+        assert ratio == pytest.approx(1.0) or ratio == pytest.approx(2.0, rel=2e-3)
+        assert peaks.tflops.get("fp8", peaks.tflops["int8"]) == peaks.tflops["int8"]
+        assert peaks.hbm_gbps and peaks.hbm_gbps > 1000
+    assert "fp8" not in PEAKS["A100"].tflops and "fp8" not in PEAKS["MI250X"].tflops
+
+
+def test_floors_are_a_share_of_the_models_peak_at_large_sizes_only() -> None:
+    figures = ["gemm_bf16_4096_tflops", "gemm_bf16_8192_tflops", "gemm_fp8_8192_tflops",
+               "gemm_int8_16384_tops", "membw_copy_gbps", "train_tokens_per_s"]
+    shares_ = {**DEFAULT_FLOORS, "int8": 0.25, "fp8": 0.25}
+    floors = peak_floors(figures, lookup("AMD Instinct MI300X"), shares_)
+    assert floors == {"gemm_bf16_8192_tflops": round(0.35 * 1307.4, 3),
+                      "gemm_fp8_8192_tflops": round(0.25 * 2614.9, 3),
+                      "gemm_int8_16384_tops": round(0.25 * 2614.9, 3),
+                      "membw_copy_gbps": 0.5 * 5300}
+    assert peak_floors(figures, lookup("AMD Radeon RX 6600"), shares_) == {}
+    assert "gemm_fp8_8192_tflops" not in peak_floors(figures, lookup("NVIDIA A100-SXM4-80GB"),
+                                                      shares_)
+    # By default no 8-bit floor (their torch kernels vary too much by release).
+    assert set(peak_floors(figures, lookup("AMD Instinct MI300X"), DEFAULT_FLOORS)) == {
+        "gemm_bf16_8192_tflops", "membw_copy_gbps"}
+
+
+def test_a_configured_floor_stands_over_the_peak_share_and_shares_are_validated() -> None:
+    config = BenchConfig.model_validate({"peak_floors": {"bf16": 0.5},
+                                         "floors": {"MI300X": {"gemm_bf16_8192_tflops": 800}}})
+    names = ["gemm_bf16_8192_tflops", "gemm_fp16_8192_tflops"]
+    assert config.floors_of("AMD Instinct MI300X", names) == {"gemm_bf16_8192_tflops": 800}
+    assert BenchConfig().floors_of("NVIDIA H100 80GB HBM3", names) == {
+        "gemm_bf16_8192_tflops": round(0.35 * 989.4, 3),
+        "gemm_fp16_8192_tflops": round(0.35 * 989.4, 3)}
+    assert BenchConfig.model_validate({"peak_floors": {}}).floors_of(
+        "AMD Instinct MI300X", names) == {}
+    with pytest.raises(ValueError, match="at most 1"):
+        BenchConfig.model_validate({"peak_floors": {"bf16": 1.5}})
+    with pytest.raises(ValueError):
+        BenchConfig.model_validate({"peak_floors": {"bf17": 0.5}})
+
+
+def test_a_node_below_its_peak_floor_fails_though_its_whole_fleet_is_as_slow() -> None:
+    """Three throttled MI300X nodes and a fourth just as slow: the fleet sees
+    nothing wrong, the floor does."""
+    config = BenchConfig()
+    slow = {"gemm_bf16_8192_tflops": 300.0}
+    peers = {f"n{i}": slow for i in range(3)}
+    floors = config.floors_of("AMD Instinct MI300X", list(slow))
+    judged = judge_node([("gemm_bf16_8192_tflops", 300.0, "TFLOPS")], peers,
+                        policy=config.fleet, floors=floors)
+    assert judged.outcome == "failed" and "below the floor" in judged.reason
+    healthy = judge_node([("gemm_bf16_8192_tflops", 650.0, "TFLOPS")],
+                         {f"n{i}": {"gemm_bf16_8192_tflops": 650.0} for i in range(3)},
+                         policy=config.fleet, floors=floors)
+    assert healthy.outcome == "healthy"
 
 
 def test_shares() -> None:
@@ -53,7 +112,7 @@ def test_shares() -> None:
                    ("gemm_fp32_8192_tflops", 50.0, "TFLOPS"),
                    ("allreduce_512MiB_busbw_gbps", 336.0, "GB/s"),
                    ("membw_copy_gbps", 4000.0, "GB/s")], lookup("AMD Instinct MI300X"))
-    assert [round(r.share, 3) if r.share else None for r in rows] == [0.5, 0.306, 0.75, None]
+    assert [round(r.share, 3) if r.share else None for r in rows] == [0.5, 0.306, 0.75, 0.755]
     unknown = shares([("gemm_bf16_8192_tflops", 1.0, "TFLOPS")], None)
     assert unknown[0].peak is None and unknown[0].share is None
     text = table(rows)

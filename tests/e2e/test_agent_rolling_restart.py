@@ -23,7 +23,7 @@ from libs.bus import Bus
 from libs.embedded import EmbeddedStack
 from libs.events import NodeHeartbeat, parse_event
 from tests.e2e.test_embedded_stack import bucket, poll
-from tests.helpers import ROOT, run_cli
+from tests.helpers import ROOT, run_cli, stack_cli_env
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(400)]
 
@@ -43,8 +43,7 @@ def test_a_rolling_restart_of_the_agents_moves_nothing(tmp_path: Path, sig: int)
 async def _rolling(stack: EmbeddedStack, tmp_path: Path, sig: int) -> None:
     assert stack.nats is not None
     bus = await Bus.connect(stack.nats.url, "e2e", token=stack.nats.token)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PRIMUS_")}
-    env["PRIMUS_STATE_DIR"] = str(stack.state_dir)
+    env = stack_cli_env(stack.state_dir)
     beats: dict[str, int] = {}  # node -> the pid of the agent that beat last
 
     async def on_beat(msg: Any) -> None:

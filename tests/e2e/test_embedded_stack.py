@@ -18,7 +18,7 @@ from libs.bus import Bus
 from libs.embedded import EmbeddedStack
 from libs.events import parse_event
 from libs.records import BUCKETS
-from tests.helpers import ROOT, run_cli
+from tests.helpers import ROOT, run_cli, stack_cli_env
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(400)]
 
@@ -69,8 +69,7 @@ def test_thin_path(tmp_path: Path) -> None:
 async def _thin_path(stack: EmbeddedStack, tmp_path: Path) -> None:
     assert stack.nats is not None
     bus = await Bus.connect(stack.nats.url, "e2e", token=stack.nats.token)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PRIMUS_")}
-    env["PRIMUS_STATE_DIR"] = str(stack.state_dir)
+    env = stack_cli_env(stack.state_dir)
     try:
         async def all_ready() -> bool:
             nodes = await bucket(bus, "nodes")

@@ -21,7 +21,7 @@ import pytest
 
 from libs.bus import Bus
 from libs.embedded import SCRAPE_TARGETS, EmbeddedStack
-from tests.helpers import ROOT, bucket, run_cli, until
+from tests.helpers import ROOT, bucket, run_cli, stack_cli_env, until
 from tests.prometheus import Prometheus, prometheus_binary
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(420)]
@@ -101,8 +101,7 @@ def test_prometheus_scrapes_every_service_and_the_gpus_of_a_job(tmp_path: Path) 
 async def _scraped(stack: EmbeddedStack, prom: Prometheus, tmp_path: Path) -> None:
     assert stack.nats is not None
     bus = await Bus.connect(stack.nats.url, "e2e", token=stack.nats.token)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PRIMUS_")}
-    env["PRIMUS_STATE_DIR"] = str(stack.state_dir)
+    env = stack_cli_env(stack.state_dir)
     try:
         async def ready() -> bool:
             nodes = await bucket(bus, "nodes")

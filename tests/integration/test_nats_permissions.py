@@ -39,6 +39,7 @@ from libs.nats_permissions import password_env, render_users
 from libs.routes import Empty, Endpoint, Reply, Routes, event_subject, health_endpoint
 from libs.topology import stream_of
 from tests.deploy.pki import make_pki
+from tests.helpers import terminate
 
 ADMIN = "admin"  # the test's own eyes: sees and seeds everything
 
@@ -64,12 +65,7 @@ def _start(conf: str, tmp_path: Path, env: dict[str, str]) -> subprocess.Popen[b
 
 
 def _stop(proc: subprocess.Popen[bytes]) -> None:
-    proc.terminate()
-    try:
-        proc.wait(10)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
+    terminate(proc)
 
 
 @pytest.fixture

@@ -27,6 +27,7 @@ import yaml
 from aiohttp import web
 
 from libs.bus import Bus
+from libs.drivers.local import free_port
 from libs.events import (
     GpuMetrics,
     JobSpec,
@@ -42,7 +43,7 @@ from libs.specs import SpecError
 from services.lens_collector.alerts import AlertConfig, ThresholdRule
 from services.lens_collector.app import LensCollector
 from services.lens_collector.delivery import SIGNATURE_HEADER, verify_signature
-from tests.alertmanager import Alertmanager, alertmanager, free_port  # noqa: F401
+from tests.alertmanager import Alertmanager, alertmanager  # noqa: F401  (a fixture)
 from tests.helpers import lens_rows, run_cli, running_collector, until
 
 pytestmark = pytest.mark.timeout(180)
