@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# One prepared check of a GPU machine, under 5 minutes:
-#   1. GEMM 8192x8192 in bf16, fp16, fp32, int8 and fp8 on GPU 0  (<= 150 s)
+# One prepared check of a GPU machine, under 7 minutes:
+#   1. on every GPU, one at a time: GEMM 8192x8192 in bf16, fp16, fp32,
+#      int8 and fp8 (where the GPU has the kernel) and HBM copy/triad (<= 300 s)
 #   2. all-reduce and all-gather bus bandwidth over every GPU of
 #      the machine (torchrun, NCCL on CUDA / RCCL on ROCm)          (<= 120 s)
-#   3. each figure as a share of the device's published peak
+#   3. each figure, per GPU and the weakest GPU's as the node's, as a share
+#      of the device's published peak
 #      (peaks and their vendor sources: services/bench/gpu_peaks.py)
 # Ends with one JSON line of the figures (baseline = peak, ratio = share).
 #
@@ -27,8 +29,8 @@ fi
 echo "gpu_check: $NGPU GPU(s); results in $OUT"
 
 status=0
-echo "== GEMM bf16/fp16/fp32/int8/fp8 8192 on GPU 0"
-if ! timeout --signal=TERM --kill-after=10 150 "$PY" -m services.bench.gpu_check gemm --out "$OUT/gemm.json"; then
+echo "== GEMM bf16/fp16/fp32/int8/fp8 8192 and HBM on each of $NGPU GPU(s)"
+if ! timeout --signal=TERM --kill-after=10 300 "$PY" -m services.bench.gpu_check gemm --out "$OUT/gemm.json"; then
     echo "gpu_check: GEMM step failed or timed out" >&2
     status=1
 fi

@@ -83,6 +83,9 @@ class StandardConfig(_Model):
     train_seq: int = Field(default=32, ge=2)
     max_step_time_spread: float = Field(
         default=3.0, gt=1, description="p90/p50 of step times above this is unstable")
+    max_gpu_shortfall: float = Field(
+        default=0.25, gt=0, lt=1, description="a GPU this far below the median of its node's "
+        "GPUs (GEMM, HBM or training rate) fails the node's gpu_balance check")
     timing: Timing = Timing()
     gpu_timing: Timing = Timing(warmup=3, repeats=7, sample_s=0.2)
 

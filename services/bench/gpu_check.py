@@ -1,6 +1,7 @@
-"""The steps of ``bench/gpu_check.sh``: large GEMMs on one GPU, the intra-node
-collectives over every GPU (under torchrun), and a report of each figure as
-a share of the device's published peak (``gpu_peaks``).
+"""The steps of ``bench/gpu_check.sh``: large GEMMs and HBM bandwidth on
+every GPU, the intra-node collectives over every GPU (under torchrun), and a
+report of each figure as a share of the device's published peak
+(``gpu_peaks``).
 
     python -m services.bench.gpu_check gemm --out DIR/gemm.json
     torchrun --standalone --nproc-per-node N -m services.bench.gpu_check collectives --out F
@@ -19,6 +20,7 @@ from pathlib import Path
 
 from libs.worker_env import RankEnv
 from services.bench.gpu_peaks import lookup, shares, table
+from services.bench.per_gpu import summarize
 
 
 def gemm(args: argparse.Namespace) -> int:
@@ -33,7 +35,14 @@ def gemm(args: argparse.Namespace) -> int:
     kind = "rocm" if getattr(torch.version, "hip", None) else "cuda"
     config = StandardConfig(gpu_gemm_sizes=args.sizes, gpu_gemm_dtypes=args.dtypes,
                             gpu_timing=Timing(warmup=3, repeats=5, sample_s=0.25))
-    results = standard.gemm_suite(kind, config)
+    # Every GPU, one at a time (as the standard level measures them), each
+    # figure tagged with its GPU; the node's own is its weakest GPU's.
+    per_gpu = {}
+    for i in range(torch.cuda.device_count()):
+        print(f"   GPU {i}: GEMM and HBM", flush=True)
+        per_gpu[i] = standard.gemm_suite(kind, config, gpu=i).extend(
+            standard.memory_bandwidth(kind, config, gpu=i))
+    results = summarize(per_gpu, max_shortfall=config.max_gpu_shortfall)
     failed = [c for c in results.checks if c.status == "failed"]
     Path(args.out).write_text(json.dumps({
         "device": torch.cuda.get_device_name(0), "kind": kind,

@@ -121,8 +121,9 @@ class Share:
     share: float | None  # value / peak
 
 
-_GEMM = re.compile(r"^gemm_(bf16|fp16|fp32|int8|fp8)_(\d+)_(?:tflops|tops)$")
-_HBM = re.compile(r"^membw_(copy|triad)_gbps$")
+# A node's figure, or one GPU's (``gpu3_gemm_...``, services/bench/per_gpu.py).
+_GEMM = re.compile(r"^(?:gpu\d+_)?gemm_(bf16|fp16|fp32|int8|fp8)_(\d+)_(?:tflops|tops)$")
+_HBM = re.compile(r"^(?:gpu\d+_)?membw_(copy|triad)_gbps$")
 
 
 def shares(figures: list[tuple[str, float, str]], peaks: Peaks | None) -> list[Share]:

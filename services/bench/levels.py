@@ -2,9 +2,10 @@
 
 - quick (seconds): devices torch sees, a checked fp32 GEMM, the GPU tool's
   readings (count, temperature, ECC, PCIe link, XGMI, power, VRAM).
-- standard (about a minute on a GPU node, seconds on a CPU): quick, plus GEMM
-  per dtype and size, memory bandwidth, intra-node all-reduce / all-gather
-  and a trial training run.
+- standard (minutes on a GPU node, seconds on a CPU): quick, plus on every
+  GPU GEMM per dtype and size and memory bandwidth (one GPU at a time) and a
+  trial training run (all GPUs at once; see per_gpu.py), then intra-node
+  all-reduce / all-gather.
 - full: standard, plus this node's share of a multi-node collective with a
   partner the coordinator chose (the agent adds that part: see agent.py).
 
@@ -19,7 +20,8 @@ from dataclasses import dataclass, field
 
 from libs.events import BenchCheck, BenchRendezvous, Figure
 from services.bench import collectives, probes, standard
-from services.bench.config import BenchConfig
+from services.bench import per_gpu as per_gpu_runs
+from services.bench.config import BenchConfig, StandardConfig
 from services.bench.fleet import Outcome
 from services.bench.verdict import judge_checks, judge_quick
 
@@ -81,15 +83,23 @@ def standard_level(*, config: BenchConfig, expected_devices: int | None,
     run = quick(config=config, expected_devices=expected_devices, progress=progress)
     kind, cfg = run.device, config.standard
     gpus = run.device_count if kind != "cpu" else 0
-    steps: list[tuple[str, Callable[[], tuple[list[Figure], list[BenchCheck]]]]] = [
-        ("GEMM", lambda: _pair(standard.gemm_suite(kind, cfg, turn))),
-        ("memory bandwidth", lambda: _pair(standard.memory_bandwidth(kind, cfg, turn))),
+    if gpus:
+        # Every GPU (services/bench/per_gpu.py: GEMM and HBM one GPU at a
+        # time, the training step on all at once), then the collectives.
+        measured = every_gpu(kind, gpus, cfg, turn=turn, progress=progress)
+        run.figures += measured.figures
+        run.checks += measured.checks
+    steps: list[tuple[str, Callable[[], tuple[list[Figure], list[BenchCheck]]]]] = [] if gpus \
+        else [("GEMM", lambda: _pair(standard.gemm_suite(kind, cfg, turn))),
+              ("memory bandwidth", lambda: _pair(standard.memory_bandwidth(kind, cfg, turn)))]
+    steps += [
         ("intra-node collectives", lambda: collectives.intra_node(
             gpus=gpus, sizes=cfg.cpu_collective_bytes if kind == "cpu"
             else cfg.gpu_collective_bytes, cpu_ranks=cfg.cpu_collective_ranks,
             timing=standard.timing_for(kind, cfg), timeout_s=cfg.collective_timeout_s)),
-        ("trial training", lambda: _pair(standard.trial_training(kind, cfg, turn))),
     ]
+    if not gpus:
+        steps.append(("trial training", lambda: _pair(standard.trial_training(kind, cfg, turn))))
     for label, step in steps:
         progress(label)
         try:
@@ -102,6 +112,25 @@ def standard_level(*, config: BenchConfig, expected_devices: int | None,
         if turn is not None:
             turn()
     return run.judge()
+
+
+def every_gpu(kind: str, count: int, cfg: StandardConfig, *, turn: standard.Turn = None,
+              progress: Progress = _quiet) -> standard.Results:
+    """The standard kernels on each of ``count`` devices, summarized: per-GPU
+    figures, the node's (its weakest GPU's) and the balance check."""
+    def between(results: standard.Results) -> standard.Results:
+        if turn is not None:
+            turn()
+        return results
+
+    per_gpu = per_gpu_runs.each_gpu(count, sequential=[
+        ("GEMM", lambda i: between(standard.gemm_suite(kind, cfg, turn, gpu=i))),
+        ("memory bandwidth", lambda i: between(standard.memory_bandwidth(kind, cfg, turn, gpu=i))),
+    ], concurrent=[
+        # turn-taking is one thread's business: the GPUs train together here
+        ("trial training", lambda i: standard.trial_training(kind, cfg, None, gpu=i)),
+    ], progress=progress)
+    return per_gpu_runs.summarize(per_gpu, max_shortfall=cfg.max_gpu_shortfall)
 
 
 def multi_node(rdv: BenchRendezvous, node: str, *, config: BenchConfig,

@@ -33,23 +33,29 @@ class Results:
         return self
 
 
-def _torch_device(kind: str) -> str:
-    return "cuda" if kind in ("cuda", "rocm") else "cpu"
+def _torch_device(kind: str, index: int | None = None) -> str:
+    """torch's name for the device: GPU ``index`` of the node (None: the
+    current one), or the CPU."""
+    if kind not in ("cuda", "rocm"):
+        return "cpu"
+    return "cuda" if index is None else f"cuda:{index}"
 
 
 Turn = Callable[[], object] | None  # called between timed samples (see turns.py)
 
 
-def _timer(kind: str, timing: Timing, turn: Turn = None
+def _timer(kind: str, timing: Timing, turn: Turn = None, device: str = "cuda"
            ) -> Callable[[Callable[[], object]], Measured]:
     import torch
 
     gpu = kind != "cpu"
 
+    def sync() -> None:
+        torch.cuda.synchronize(device)
+
     def run(fn: Callable[[], object]) -> Measured:
         return time_kernel(fn, repeats=timing.repeats, sample_s=timing.sample_s,
-                           warmup=timing.warmup,
-                           sync=torch.cuda.synchronize if gpu else None,
+                           warmup=timing.warmup, sync=sync if gpu else None,
                            queue_delay=None if gpu else thread_queue_delay_s, between=turn)
     return run
 
@@ -58,14 +64,15 @@ def timing_for(kind: str, config: StandardConfig) -> Timing:
     return config.timing if kind == "cpu" else config.gpu_timing
 
 
-def gemm_suite(kind: str, config: StandardConfig, turn: Turn = None) -> Results:
+def gemm_suite(kind: str, config: StandardConfig, turn: Turn = None,
+               gpu: int | None = None) -> Results:
     import torch
 
     dtypes = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-    device = _torch_device(kind)
+    device = _torch_device(kind, gpu)
     sizes = config.cpu_gemm_sizes if kind == "cpu" else config.gpu_gemm_sizes
     wanted = ["fp32"] if kind == "cpu" else list(config.gpu_gemm_dtypes)
-    timer = _timer(kind, timing_for(kind, config), turn)
+    timer = _timer(kind, timing_for(kind, config), turn, device)
     out = Results()
     if kind == "cpu":
         out.checks.append(BenchCheck(
@@ -167,14 +174,15 @@ def eight_bit_gemm(dtype_name: str, device: str, sizes: list[int],
     return out
 
 
-def memory_bandwidth(kind: str, config: StandardConfig, turn: Turn = None) -> Results:
+def memory_bandwidth(kind: str, config: StandardConfig, turn: Turn = None,
+                     gpu: int | None = None) -> Results:
     """STREAM-style copy (2 x bytes moved) and triad a = b + s*c (3 x bytes)."""
     import torch
 
-    device = _torch_device(kind)
+    device = _torch_device(kind, gpu)
     nbytes = config.cpu_membw_bytes if kind == "cpu" else config.gpu_membw_bytes
     n = nbytes // 4
-    timer = _timer(kind, timing_for(kind, config), turn)
+    timer = _timer(kind, timing_for(kind, config), turn, device)
     a = torch.empty(n, device=device)
     b = torch.full((n,), 1.0, device=device)
     c = torch.full((n,), 2.0, device=device)
@@ -211,13 +219,14 @@ def _tiny_lm(vocab: int, dim: int) -> object:
     return TinyLM()
 
 
-def trial_training(kind: str, config: StandardConfig, turn: Turn = None) -> Results:
+def trial_training(kind: str, config: StandardConfig, turn: Turn = None,
+                   gpu: int | None = None) -> Results:
     """A few steps of a small transformer on a learnable sequence task (next
     token = token + 1): the loss must stay finite and fall, and the step time
     must be steady. Tokens per second is judged against the fleet."""
     import torch
 
-    device = _torch_device(kind)
+    device = _torch_device(kind, gpu)
     vocab, dim = 64, 64 if kind == "cpu" else 512
     torch.manual_seed(0)
     model = _tiny_lm(vocab, dim).to(device)  # type: ignore[attr-defined]
@@ -242,7 +251,7 @@ def trial_training(kind: str, config: StandardConfig, turn: Turn = None) -> Resu
         step_times.append(max(time.perf_counter() - t0 - queued, 1e-9))
 
     timing = timing_for(kind, config)
-    t = _timer(kind, timing, turn)(step)
+    t = _timer(kind, timing, turn, device)(step)
     while len(losses) < config.train_steps:  # a fast device: enough steps to learn
         step()
     tokens_per_s = batch * seq / t.seconds

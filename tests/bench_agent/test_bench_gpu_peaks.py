@@ -70,6 +70,11 @@ def test_floors_are_a_share_of_the_models_peak_at_large_sizes_only() -> None:
     assert peak_floors(figures, lookup("AMD Radeon RX 6600"), shares_) == {}
     assert "gemm_fp8_8192_tflops" not in peak_floors(figures, lookup("NVIDIA A100-SXM4-80GB"),
                                                       shares_)
+    # Each GPU's figure has its floor too: the reason then names the GPU.
+    assert peak_floors(["gpu5_gemm_bf16_8192_tflops", "gpu5_membw_triad_gbps"],
+                       lookup("AMD Instinct MI300X"), shares_) == {
+        "gpu5_gemm_bf16_8192_tflops": round(0.35 * 1307.4, 3),
+        "gpu5_membw_triad_gbps": 0.5 * 5300}
     # By default no 8-bit floor (their torch kernels vary too much by release).
     assert set(peak_floors(figures, lookup("AMD Instinct MI300X"), DEFAULT_FLOORS)) == {
         "gemm_bf16_8192_tflops", "membw_copy_gbps"}
