@@ -483,6 +483,7 @@ class EmbeddedStack:
             # a 5-server cluster still loses nothing to two failures at R3).
             PRIMUS_NATS_REPLICAS=str(min(3, self.nats_cluster)),
             PRIMUS_ONBOARDING_BENCH_LEVEL=self.onboarding_level,
+            PRIMUS_BENCH_HEALTH_CATALOGUE="false",
             PYTHONUNBUFFERED="1",
             OMP_NUM_THREADS="1",  # many small processes share two cores
         )

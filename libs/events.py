@@ -363,6 +363,9 @@ class BenchResultData(Frozen):
     verdict_of: str | None = Field(default=None, description="id of the bench.result judged")
     trigger: Literal["request", "probe"] = Field(
         default="request", description="probe: a periodic health check failed repeatedly")
+    fault_kind: str | None = Field(
+        default=None, max_length=64, description="a probe's report: the fault kind its "
+        "catalogue entry names (services/bench/health), for failover's rule probe:<kind>")
     checks: list[BenchCheck] = Field(default_factory=list)
     session: str | None = Field(default=None, description="rendezvous session of a multi-node test")
     peers: list[str] = Field(default_factory=list, description="nodes of a multi-node test")

@@ -126,6 +126,10 @@ class Settings(BaseSettings):
         default=None, description="bench agent on Kubernetes: the kubelet's pod log directory "
         "(/var/log/pods), whose worker containers' output the agent ships to Lens; unset: "
         "off (the local driver's supervisors ship it themselves)")
+    bench_health_catalogue: bool = Field(
+        default=True, description="bench agent: run the node-health catalogue's probes "
+        "(services/bench/health) besides the configured ones; the embedded stack turns it "
+        "off (its local nodes share one host, whose kernel log and settings are not theirs)")
     agent_checkpoints_dir: Path | None = Field(
         default=None, description="bench agent on Kubernetes: the shared checkpoint claim, "
         "mounted read-only; the agent of the node running a job's rank 0 watches the job's "

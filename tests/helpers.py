@@ -52,7 +52,10 @@ def start_service(verb: str, args: list[str], nats_url: str, tmp_path: Path,
                     PRIMUS_METRICS_PORT="0",
                     # Nodes onboard with the quick level here (no coordinator runs in
                     # most of these tests to give the standard level its verdict).
-                    PRIMUS_ONBOARDING_BENCH_LEVEL="quick", **env)
+                    PRIMUS_ONBOARDING_BENCH_LEVEL="quick",
+                    # This machine's health is not what these tests are about
+                    # (tests/bench_agent/test_health_* run the catalogue here).
+                    PRIMUS_BENCH_HEALTH_CATALOGUE="false", **env)
     log = (tmp_path / f"{verb}.log").open("wb")
     return subprocess.Popen([sys.executable, "-m", "cli.main", verb, *args], env=full_env,
                             cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
@@ -158,6 +161,20 @@ async def bucket(bus: Bus, name: str) -> dict[str, dict[str, Any]]:
     spec = next(b for b in BUCKETS if b.name == name)
     return {k: r.model_dump(mode="json") for k, r in (await (await bus.records(spec)).load()
                                                      ).items()}
+
+
+async def stream_messages(bus: Bus, subject: str, idle_s: float = 1.0) -> list[Any]:
+    """Every message a stream holds on ``subject``, oldest first (read until
+    none comes for ``idle_s``)."""
+    sub = await bus.js.subscribe(subject, ordered_consumer=True)
+    out = []
+    try:
+        while True:
+            out.append(await sub.next_msg(timeout=idle_s))
+    except Exception:
+        return out
+    finally:
+        await sub.unsubscribe()
 
 
 async def lens_rows(bus: Bus, query: str, **params: object) -> list[dict[str, Any]]:

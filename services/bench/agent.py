@@ -60,7 +60,7 @@ from libs.tasks import cancel_and_wait
 from libs.wiring import wire
 from services.bench import levels, probes
 from services.bench.checkpoint_watches import CheckpointWatches
-from services.bench.config import ConfigFile
+from services.bench.config import CheckConfig, ConfigFile
 from services.bench.exporter_names import PageSample, render
 from services.bench.host_metrics import HostSampler
 from services.bench.node_sampler import GpuSource, NodeSampler
@@ -158,8 +158,7 @@ class BenchAgent:
                             if settings.agent_checkpoints_dir else None)
         self.host = HostSampler()
         self.config = ConfigFile(config_path or settings.bench_config)
-        self.schedule = ProbeSchedule(self.config.current.probes, now=time.monotonic(),
-                                      seed=node)
+        self.schedule = ProbeSchedule(self._probes_wanted(), now=time.monotonic(), seed=node)
         self.beats = 0
         self.results = 0
         self.probe_reports = 0
@@ -435,9 +434,10 @@ class BenchAgent:
         while True:
             now = time.monotonic()
             if self.config.reload():
-                self.schedule.reconfigure(self.config.current.probes, now=now)
+                wanted = self._probes_wanted()
+                self.schedule.reconfigure(wanted, now=now)
                 self._log.info("bench config loaded", path=str(self.config.path),
-                               probes=[c.name for c in self.config.current.probes])
+                               probes=[c.name for c in wanted])
             if self.config.error and self.config.error != last_error:
                 self._log.error("bench config refused; keeping the last good one",
                                 error=self.config.error)
@@ -459,6 +459,12 @@ class BenchAgent:
             await asyncio.sleep(min(max(wait, 0.05 if self.busy is None else 0.5),
                                     CONFIG_POLL_S))
 
+    def _probes_wanted(self) -> list[CheckConfig]:
+        """The configured probes and the node-health catalogue's (unless the
+        agent's setting or the configuration turns the catalogue off)."""
+        return self.config.current.scheduled_probes(
+            catalogue=self.settings.bench_health_catalogue)
+
     async def _run_probe(self, start: Start) -> None:
         state = self.schedule.states.get(start.name)
         if state is None:
@@ -475,13 +481,14 @@ class BenchAgent:
         try:
             check = await asyncio.to_thread(
                 probes.run_check, spec.kind, expected=self.expected_devices,
-                limits=self.config.current.gpu_limits, timeout_s=spec.timeout_s)
+                limits=self.config.current.gpu_limits, timeout_s=spec.timeout_s,
+                name=start.name, options=spec.options)
             status, detail = check.status, check.detail
         except Exception as exc:
             status, detail = "failed", f"{type(exc).__name__}: {exc}"[:300]
-        if status == "skipped":
-            status = "unavailable"
         _count(self._probe_runs_total, start.name, status)
+        if status == "skipped":  # not applicable here: no streak either way
+            status = "unavailable"
         report = self.schedule.finished(start.name, start.run, status,  # type: ignore[arg-type]
                                         detail)
         if report is not None:
@@ -512,17 +519,26 @@ class BenchAgent:
             _count(self._probe_reports_total, report.name, "recovered")
             return
         _count(self._probe_reports_total, report.name, "failed")
+        state = self.schedule.states.get(report.name)
+        spec = state.spec if state is not None else None
+        fault = spec.fault_kind if spec is not None else None
+        severity = spec.severity if spec is not None else "critical"
         self._log.warning("probe failing", check=report.name, consecutive=report.consecutive,
-                          detail=report.detail)
+                          detail=report.detail, fault=fault, severity=severity,
+                          action=spec.action if spec is not None else "quarantine")
+        if spec is not None and spec.action == "report":
+            return  # logged and counted: the operator's alerting decides
         kind, count, name, _ = await asyncio.to_thread(probes.detect_device)
-        reason = (f"health probe {report.name} failed {report.consecutive} time(s) in a row: "
-                  f"{report.detail}")
+        what = f" ({fault}, {severity})" if fault else ""
+        reason = (f"health probe {report.name}{what} failed {report.consecutive} time(s) in a "
+                  f"row: {report.detail}")
         with contextlib.suppress(Exception):
             await self.bus.publish(BenchResult(
                 source=self.source, node=self.node,
                 data=BenchResultData(
                     level="quick", passed=False, reason=reason, device=kind, device_count=count,
                     gpu_model=name, duration_s=0.0, outcome="failed", trigger="probe",
+                    fault_kind=fault,
                     checks=[BenchCheck(name=report.name, status="failed", detail=report.detail)],
                 ),
             ))

@@ -13,16 +13,20 @@ its line and field while the last good configuration stays in force.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from libs.specs import SpecError, load_model
 from services.bench.gpu_peaks import DEFAULT_FLOORS, lookup, peak_floors
+from services.bench.health import CATALOGUE
 
 PeakDtype = Literal["bf16", "fp16", "fp32", "int8", "fp8", "hbm"]
-CheckKind = Literal["gpu_count", "gpu_temperature", "gpu_ecc", "gpu_pcie", "gpu_xgmi",
-                    "gpu_power", "gpu_vram", "gemm"]
+# The GPU tool's readings and a small GEMM (probes.py), and the node-health
+# catalogue (services/bench/health).
+BUILTIN_KINDS: tuple[str, ...] = ("gpu_count", "gpu_temperature", "gpu_ecc", "gpu_pcie",
+                                  "gpu_xgmi", "gpu_power", "gpu_vram", "gemm")
+CheckKind = Literal[BUILTIN_KINDS + tuple(sorted(CATALOGUE))]  # type: ignore[valid-type]
 
 
 class _Model(BaseModel):
@@ -30,7 +34,8 @@ class _Model(BaseModel):
 
 
 class CheckConfig(_Model):
-    """One periodic health probe."""
+    """One periodic health probe. A catalogue probe's interval, failures
+    before a report, action and options default to its catalogue entry."""
 
     name: str = Field(min_length=1)
     kind: CheckKind
@@ -39,6 +44,41 @@ class CheckConfig(_Model):
     jitter_s: float = Field(default=0.0, ge=0, description="first run within [0, jitter) of start")
     skip_if_running: bool = True
     failures_before_report: int = Field(default=3, ge=1, description="consecutive failures")
+    action: Literal["quarantine", "report"] = Field(
+        default="quarantine", description="after the failing streak: quarantine (a failed "
+        "bench result; failover's probe_failed, or its probe:<fault kind> rule) or report "
+        "(logged and counted in primus_bench_probe_reports_total)")
+    options: dict[str, Any] = Field(
+        default_factory=dict, description="a catalogue probe's options (expected counts, "
+        "paths, thresholds); unknown names are refused")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _catalogue_defaults(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("kind") in CATALOGUE:
+            entry = CATALOGUE[data["kind"]]
+            data = {"interval_s": entry.interval_s, "failures_before_report": entry.consecutive,
+                    "action": entry.action, **data,
+                    "options": {**entry.options, **(data.get("options") or {})}}
+        return data
+
+    @model_validator(mode="after")
+    def _known_options(self) -> CheckConfig:
+        known = set(CATALOGUE[self.kind].options) if self.kind in CATALOGUE else set()
+        unknown = sorted(set(self.options) - known)
+        if unknown:
+            raise ValueError(f"probe {self.name} ({self.kind}) has no option "
+                             f"{', '.join(unknown)}; its options: "
+                             f"{', '.join(sorted(known)) or 'none'}")
+        return self
+
+    @property
+    def fault_kind(self) -> str | None:
+        return CATALOGUE[self.kind].fault if self.kind in CATALOGUE else None
+
+    @property
+    def severity(self) -> str:
+        return CATALOGUE[self.kind].severity if self.kind in CATALOGUE else "critical"
 
 
 class GpuLimits(_Model):
@@ -124,6 +164,12 @@ class FullConfig(_Model):
 
 class BenchConfig(_Model):
     probes: list[CheckConfig] = []
+    health_catalogue: bool = Field(
+        default=True, description="run every node-health catalogue probe "
+        "(services/bench/health) at its default schedule, except those of a kind `probes` "
+        "configures and those named in health_off")
+    health_off: list[str] = Field(default_factory=list,
+                                  description="catalogue probe kinds not to run")
     gpu_limits: GpuLimits = GpuLimits()
     standard: StandardConfig = StandardConfig()
     full: FullConfig = FullConfig()
@@ -154,6 +200,29 @@ class BenchConfig(_Model):
         if dupes:
             raise ValueError(f"probe names must be unique; repeated: {', '.join(dupes)}")
         return self
+
+    @field_validator("health_off")
+    @classmethod
+    def _catalogue_kinds(cls, value: list[str]) -> list[str]:
+        unknown = sorted(set(value) - set(CATALOGUE))
+        if unknown:
+            raise ValueError(f"no catalogue probe {', '.join(unknown)}; the catalogue: "
+                             f"{', '.join(sorted(CATALOGUE)) or 'empty'}")
+        return value
+
+    def scheduled_probes(self, *, catalogue: bool = True) -> list[CheckConfig]:
+        """The configured probes, then each catalogue probe not configured or
+        switched off, at its defaults (``catalogue``: the agent's setting)."""
+        out = list(self.probes)
+        if not (catalogue and self.health_catalogue):
+            return out
+        configured = {c.kind for c in self.probes} | set(self.health_off)
+        names = {c.name for c in self.probes}
+        for kind in sorted(set(CATALOGUE) - configured):
+            name = kind if kind not in names else f"health_{kind}"
+            out.append(CheckConfig(name=name, kind=kind,  # type: ignore[arg-type]
+                                   jitter_s=min(CATALOGUE[kind].interval_s, 30.0)))
+        return out
 
     def floors_of(self, gpu_model: str, figures: list[str]) -> dict[str, float]:
         """Every floor for these figures of a run on ``gpu_model``: the share

@@ -10,12 +10,16 @@ from __future__ import annotations
 import platform
 import statistics
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from libs.events import BenchCheck, Figure
 from libs.gpu import ProbeResult, probe_gpus
 from services.bench.config import GpuLimits
 from services.bench.gpu_health import GPU_KINDS, gpu_checks, gpu_figures
+from services.bench.health import CATALOGUE
+from services.bench.health.base import ProbeContext
 from services.bench.verdict import MAX_GEMM_ERROR
 
 
@@ -94,9 +98,32 @@ def gpu_readings(*, expected: int | None, limits: GpuLimits, kinds: tuple[str, .
         gpu_figures(probe), probe
 
 
-def run_check(kind: str, *, expected: int | None, limits: GpuLimits, timeout_s: float
+# Each catalogue probe's memory between its runs on this node (a kernel-log
+# cursor, the last AER counters), by probe name: the agent's process lifetime.
+_HEALTH_STATE: dict[str, dict[str, Any]] = {}
+
+
+def run_check(kind: str, *, expected: int | None, limits: GpuLimits, timeout_s: float,
+              name: str | None = None, options: Mapping[str, Any] | None = None
               ) -> BenchCheck:
-    """One periodic health probe."""
+    """One periodic health probe. A catalogue probe's ``unknown`` (it could not
+    tell) is ``unavailable`` and its ``not_applicable`` is ``skipped``: neither
+    counts toward a failing streak."""
+    if kind in CATALOGUE:
+        entry = CATALOGUE[kind]
+        state = _HEALTH_STATE.setdefault(name or kind, {})
+        context = ProbeContext(state=state, options={**entry.options, **(options or {})},
+                               timeout_s=timeout_s)
+        try:
+            found = entry.run(context)
+        except Exception as exc:  # a parser bug says unknown, never a failed node
+            return BenchCheck(name=name or kind, status="unavailable",
+                              detail=f"unknown: {type(exc).__name__}: {exc}"[:300])
+        status, prefix = {"ok": ("ok", ""), "failed": ("failed", ""),
+                          "unknown": ("unavailable", "unknown: "),
+                          "not_applicable": ("skipped", "not applicable: ")}[found.status]
+        return BenchCheck(name=name or kind, status=status,  # type: ignore[arg-type]
+                          detail=(prefix + found.detail)[:500])
     if kind == "gemm":
         device, _, _, _ = detect_device()
         tflops, error = gemm(size=256, repeats=3, device=device)

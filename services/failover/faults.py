@@ -27,7 +27,8 @@ Scope = Literal["node", "job"]
 
 
 class FaultRule(Frozen):
-    kind: str = Field(description="heartbeat_missed, probe_failed, bench_failed, "
+    kind: str = Field(description="heartbeat_missed, probe_failed (or probe:<catalogue fault "
+                                  "kind> for one health probe's), bench_failed, "
                                   "worker_infra_exit, alert:<lens rule>, or condition:<NotReady, "
                                   "MemoryPressure, DiskPressure, PIDPressure, NetworkUnavailable>")
     scope: Scope = "node"

@@ -20,7 +20,7 @@ from libs.settings import Settings
 from services.bench.coordinator import BenchCoordinator
 from services.bootstrap.app import Bootstrap
 from services.bootstrap.onboarding import awaits_verdict
-from tests.helpers import until
+from tests.helpers import stream_messages, until
 
 pytestmark = pytest.mark.timeout(120)
 MI300X = "AMD Instinct MI300X"
@@ -90,7 +90,7 @@ async def test_a_gpu_under_its_peak_floor_is_quarantined_before_it_takes_a_job(
         assert "below the floor" in reason, reason
         # node-2 was never ready: it went from preflight straight to quarantine.
         states = [parse_event(m.data).data.state  # type: ignore[attr-defined]
-                  for m in await _all(bus, "safe.node.node-2.state")]
+                  for m in await stream_messages(bus, "safe.node.node-2.state")]
         assert "ready" not in states and states[-1] == "quarantined", states
     finally:
         await bootstrap.stop()
@@ -126,14 +126,3 @@ async def test_without_a_verdict_in_time_the_nodes_own_pass_stands(
 async def _leads(coordinator: BenchCoordinator) -> bool:
     return coordinator.election is not None and coordinator.election.is_leader
 
-
-async def _all(bus: Bus, subject: str) -> list[Any]:
-    sub = await bus.js.subscribe(subject, ordered_consumer=True)
-    out = []
-    try:
-        while True:
-            out.append(await sub.next_msg(timeout=0.5))
-    except Exception:
-        return out
-    finally:
-        await sub.unsubscribe()

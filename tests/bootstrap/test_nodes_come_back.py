@@ -28,7 +28,7 @@ from libs.records import FAULTS, NODES
 from libs.settings import Settings
 from services.bootstrap.app import Bootstrap
 from services.failover.app import Failover
-from tests.helpers import run_cli, until
+from tests.helpers import run_cli, stream_messages, until
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -112,7 +112,7 @@ async def test_quarantined_nodes_are_rebenched_and_operators_hold_them(
             "re-bench 1 of 3 after quarantine", "re-bench 2 of 3 after quarantine"]
         assert all(r.data.expires_at is not None for r in rebenches)
         states = [parse_event(m.data).data.state  # type: ignore[attr-defined]
-                  for m in await _all(bus, "safe.node.node-1.state")]
+                  for m in await stream_messages(bus, "safe.node.node-1.state")]
         assert states[-5:] == ["quarantined", "repair", "quarantined", "repair", "ready"]
         record = await state_of(bus, "node-1")
         assert record.rebench_attempts == 0 and record.next_rebench_at is None
@@ -176,24 +176,13 @@ async def test_quarantined_nodes_are_rebenched_and_operators_hold_them(
         assert unknown.returncode == 1 and "node node-9 not found" in unknown.stderr
         gone = await asyncio.to_thread(run_cli, "fault", "close", "nope", env=env)
         assert gone.returncode == 1 and "fault nope not found" in gone.stderr
-        states = [parse_event(m.data) for m in await _all(bus, "safe.node.node-1.state")]
+        states = [parse_event(m.data) for m in await stream_messages(bus, "safe.node.node-1.state")]
         assert any(isinstance(e, NodeStateChanged) and not e.data.schedulable for e in states)
     finally:
         await failover.stop()
         await bootstrap.stop()
         await agent.sub.unsubscribe()
 
-
-async def _all(bus: Bus, subject: str) -> list[Any]:
-    sub = await bus.js.subscribe(subject, ordered_consumer=True)
-    out = []
-    try:
-        while True:
-            out.append(await sub.next_msg(timeout=1.0))
-    except Exception:
-        return out
-    finally:
-        await sub.unsubscribe()
 
 
 async def test_a_failing_probe_quarantines_through_failover_and_its_recovery_does_not_return(
@@ -253,7 +242,7 @@ async def test_a_degraded_verdict_marks_the_node_and_a_healthy_one_clears_it(
         await until(degraded, "the degraded verdict")
         listing = await asyncio.to_thread(run_cli, "nodes", env=env)
         assert "ready,degraded" in listing.stdout and "12% below its fleet" in listing.stdout
-        said = [parse_event(m.data) for m in await _all(bus, "safe.node.node-1.state")]
+        said = [parse_event(m.data) for m in await stream_messages(bus, "safe.node.node-1.state")]
         assert any(isinstance(e, NodeStateChanged) and e.data.degraded for e in said)
         await bootstrap._request_bench("node-1", cause="again")  # the next run is healthy
 
