@@ -2,7 +2,7 @@
 # One prepared check of a GPU machine, under 7 minutes:
 #   1. on every GPU, one at a time: GEMM 8192x8192 in bf16, fp16, fp32,
 #      int8 and fp8 (where the GPU has the kernel) and HBM copy/triad (<= 300 s)
-#   2. all-reduce and all-gather bus bandwidth over every GPU of
+#   2. all-reduce, all-gather and all-to-all bus bandwidth (64 MiB, 1 GiB) over every GPU of
 #      the machine (torchrun, NCCL on CUDA / RCCL on ROCm)          (<= 120 s)
 #   3. each figure, per GPU and the weakest GPU's as the node's, as a share
 #      of the device's published peak
@@ -36,7 +36,7 @@ if ! timeout --signal=TERM --kill-after=10 300 "$PY" -m services.bench.gpu_check
 fi
 
 if [ "$NGPU" -ge 2 ]; then
-    echo "== all-reduce / all-gather over $NGPU GPUs"
+    echo "== all-reduce / all-gather / all-to-all over $NGPU GPUs"
     if ! timeout --signal=TERM --kill-after=10 120 "$PY" -m torch.distributed.run --standalone \
             --nproc-per-node "$NGPU" -m services.bench.gpu_check collectives --out "$OUT/collectives.json"; then
         echo "gpu_check: collectives step failed or timed out" >&2

@@ -1,11 +1,12 @@
-"""Collective bandwidth through torch.distributed: all-reduce and all-gather
-within a node (every GPU of the node over NCCL/RCCL, or two gloo processes on
+"""Collective bandwidth through torch.distributed: all-reduce, all-gather and
+all-to-all within a node (every GPU of the node over NCCL/RCCL, or two gloo processes on
 a CPU-only node) and between nodes (the agents of a rendezvous).
 
 Bus bandwidth follows nccl-tests (doc/PERFORMANCE.md), so figures compare
 with what operators already know: algbw = bytes / time, and for n ranks
 all-reduce busbw = algbw * 2(n-1)/n, all-gather busbw = algbw * (n-1)/n with
-bytes the gathered (output) size.
+bytes the gathered (output) size, all-to-all busbw = algbw * (n-1)/n with
+bytes what each rank sends in all (1/n of it stays on the rank).
 
 Ranks run as child processes of a forkserver that has imported torch once,
 so a bench run does not pay torch's import per rank and the children never
@@ -28,7 +29,9 @@ from typing import Any
 from libs.events import BenchCheck, BenchRendezvous, Figure
 from services.bench.config import Timing
 
-OPS = ("allreduce", "allgather")
+OPS = ("allreduce", "allgather", "alltoall")
+# Between nodes: the gradient all-reduce and the expert-parallel all-to-all.
+INTER_NODE_OPS = ("allreduce", "alltoall")
 
 
 def busbw_allreduce(nbytes: float, seconds: float, ranks: int) -> float:
@@ -39,6 +42,15 @@ def busbw_allreduce(nbytes: float, seconds: float, ranks: int) -> float:
 def busbw_allgather(total_bytes: float, seconds: float, ranks: int) -> float:
     """GB/s on the bus for an all-gather whose output is ``total_bytes``."""
     return total_bytes / seconds / 1e9 * (ranks - 1) / ranks
+
+
+def busbw_alltoall(nbytes: float, seconds: float, ranks: int) -> float:
+    """GB/s on the bus for an all-to-all where each rank sends ``nbytes`` in all."""
+    return nbytes / seconds / 1e9 * (ranks - 1) / ranks
+
+
+BUSBW = {"allreduce": busbw_allreduce, "allgather": busbw_allgather,
+         "alltoall": busbw_alltoall}
 
 
 def size_label(nbytes: int) -> str:
@@ -59,6 +71,7 @@ class RankPlan:
     sizes: tuple[int, ...]
     timing: Timing
     timeout_s: float
+    ops: tuple[str, ...] = OPS
 
 
 def _rank_main(plan: RankPlan, out: Any) -> None:
@@ -98,9 +111,14 @@ def _measure(plan: RankPlan) -> dict[str, list[float]]:
             count = max(plan.world, nbytes // 4 // plan.world * plan.world)
             full = torch.ones(count, device=device)
             part = torch.ones(count // plan.world, device=device)
+            spread = torch.empty_like(full)
             ops = {"allreduce": lambda full=full: dist.all_reduce(full),
-                   "allgather": lambda full=full, part=part: gather(full, part)}
+                   "allgather": lambda full=full, part=part: gather(full, part),
+                   "alltoall": lambda full=full, spread=spread: dist.all_to_all_single(
+                       spread, full)}
             for op, fn in ops.items():
+                if op not in plan.ops:
+                    continue
                 t0 = time.perf_counter()
                 for _ in range(max(plan.timing.warmup, 1)):
                     fn()
@@ -117,6 +135,7 @@ def _measure(plan: RankPlan) -> dict[str, list[float]]:
                     sync()
                     rows.append((time.perf_counter() - t0) / calls)
                 samples[f"{op}/{count * 4}"] = rows
+            del full, part, spread
         return samples
     finally:
         dist.destroy_process_group()
@@ -161,10 +180,9 @@ def _figures(reports: list[dict[str, Any]], world: int, prefix: str) -> list[Fig
     for key, rows in reports[0]["samples"].items():
         op, nbytes = key.split("/")
         seconds = statistics.median(rows)
-        formula = busbw_allreduce if op == "allreduce" else busbw_allgather
         figures.append(Figure(
             name=f"{prefix}{op}_{size_label(int(nbytes))}_busbw_gbps",
-            value=round(formula(int(nbytes), seconds, world), 4), unit="GB/s"))
+            value=round(BUSBW[op](int(nbytes), seconds, world), 4), unit="GB/s"))
     return figures
 
 
@@ -176,8 +194,8 @@ def free_port() -> int:
 
 def intra_node(*, gpus: int, sizes: list[int], cpu_ranks: int, timing: Timing,
                timeout_s: float) -> tuple[list[Figure], list[BenchCheck]]:
-    """All-reduce and all-gather over every GPU of this node (or ``cpu_ranks``
-    gloo processes on a CPU-only node)."""
+    """All-reduce, all-gather and all-to-all over every GPU of this node (or
+    ``cpu_ranks`` gloo processes on a CPU-only node)."""
     gpu = gpus > 0
     world = gpus if gpu else cpu_ranks
     if world < 2:
@@ -209,7 +227,7 @@ def inter_node(rdv: BenchRendezvous, node: str, *, gpus: int, sizes: list[int],
     base = rdv.nodes.index(node) * local
     init = f"tcp://{rdv.master_addr}:{rdv.master_port}"
     plans = [RankPlan("nccl" if gpu else "gloo", init, world, base + r, r, gpu,
-                      tuple(sizes), timing, rdv.timeout_s) for r in range(local)]
+                      tuple(sizes), timing, rdv.timeout_s, INTER_NODE_OPS) for r in range(local)]
     try:
         reports = _spawn(plans, rdv.timeout_s + 30)
     except Exception as exc:

@@ -114,7 +114,10 @@ class StandardConfig(_Model):
     cpu_threads: int = Field(default=1, ge=1, description="torch threads per CPU device slot")
     gpu_membw_bytes: int = Field(default=1 << 30, gt=0)
     cpu_membw_bytes: int = Field(default=16 << 20, gt=0)
-    gpu_collective_bytes: list[int] = Field(default=[64 << 20, 256 << 20], min_length=1)
+    gpu_collective_bytes: list[int] = Field(
+        default=[64 << 20, 256 << 20, 1 << 30], min_length=1,
+        description="intra-node message sizes: up to 1 GiB, where a link's bandwidth "
+        "(not its latency) decides")
     cpu_collective_bytes: list[int] = Field(default=[1 << 20], min_length=1)
     cpu_collective_ranks: int = Field(default=2, ge=2)
     collective_timeout_s: float = Field(default=120.0, gt=0)
@@ -157,9 +160,17 @@ class FullConfig(_Model):
     port_base: int = Field(default=29600, ge=1024, le=65000)
     port_span: int = Field(default=300, ge=1, le=500)
     rendezvous_timeout_s: float = Field(default=60.0, gt=0)
-    internode_bytes: list[int] = Field(default=[1 << 20], min_length=1)
+    internode_bytes: list[int] = Field(
+        default=[1 << 20], min_length=1, description="between CPU-only nodes (gloo)")
+    gpu_internode_bytes: list[int] = Field(
+        default=[64 << 20, 1 << 30], min_length=1, description="between GPU nodes and in the "
+        "split search: large messages, which a NIC at half its rate cannot hide")
     min_pair_fraction: float = Field(
         default=0.5, gt=0, le=1, description="pair busbw below this share of the fleet fails")
+    min_link_fraction: float = Field(
+        default=0.4, gt=0, le=1, description="GPU nodes: the largest message's inter-node "
+        "busbw below this share of the node's fastest RDMA port rate fails, naming any port "
+        "running below its peers")
 
 
 class BenchConfig(_Model):

@@ -103,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
                    choices=["bf16", "fp16", "fp32", "int8", "fp8"])
     c = sub.add_parser("collectives")
     c.add_argument("--out", required=True)
-    c.add_argument("--bytes", type=int, nargs="+", default=[64 << 20, 512 << 20])
+    c.add_argument("--bytes", type=int, nargs="+", default=[64 << 20, 1 << 30])
     r = sub.add_parser("report")
     r.add_argument("dir")
     args = parser.parse_args(argv)

@@ -23,6 +23,9 @@ from services.bench import collectives, probes, standard
 from services.bench import per_gpu as per_gpu_runs
 from services.bench.config import BenchConfig, StandardConfig
 from services.bench.fleet import Outcome
+from services.bench.health.base import ProbeContext
+from services.bench.health.rdma import sysfs_ports
+from services.bench.link_rates import internode_check
 from services.bench.verdict import judge_checks, judge_quick
 
 Progress = Callable[[str], None]
@@ -139,9 +142,12 @@ def multi_node(rdv: BenchRendezvous, node: str, *, config: BenchConfig,
     kind, count, name, _ = probes.detect_device()
     progress(f"collective with {', '.join(n for n in rdv.nodes if n != node)}")
     gpus = count if kind != "cpu" else 0
+    sizes = config.full.gpu_internode_bytes if gpus else config.full.internode_bytes
     figures, checks = collectives.inter_node(
-        rdv, node, gpus=gpus, sizes=config.full.internode_bytes,
-        timing=standard.timing_for(kind, config.standard))
+        rdv, node, gpus=gpus, sizes=sizes, timing=standard.timing_for(kind, config.standard))
+    if gpus and figures:  # against the rate of the node's RDMA ports
+        checks.append(internode_check(figures, sysfs_ports(ProbeContext()), sizes=sizes,
+                                      min_fraction=config.full.min_link_fraction))
     return LevelRun(kind, count, name, "fp32", figures, checks).judge()
 
 

@@ -9,7 +9,12 @@ import pytest
 
 from libs.events import BenchRendezvous
 from services.bench import collectives, levels
-from services.bench.collectives import busbw_allgather, busbw_allreduce, size_label
+from services.bench.collectives import (
+    busbw_allgather,
+    busbw_allreduce,
+    busbw_alltoall,
+    size_label,
+)
 from services.bench.config import BenchConfig
 
 TINY = BenchConfig.model_validate({"standard": {
@@ -22,6 +27,8 @@ def test_bus_bandwidth_formulas_match_nccl_tests() -> None:
     assert busbw_allreduce(8e9, 1.0, 8) == pytest.approx(8 * 2 * 7 / 8)
     assert busbw_allgather(8e9, 1.0, 8) == pytest.approx(8 * 7 / 8)
     assert busbw_allreduce(1e9, 1.0, 2) == pytest.approx(1.0)
+    # alltoall: (n-1)/n of what each rank sends leaves it (nccl-tests alltoall).
+    assert busbw_alltoall(8e9, 1.0, 8) == pytest.approx(8 * 7 / 8)
     assert [size_label(n) for n in (1 << 20, 3 << 30, 1536, 100)] == [
         "1MiB", "3GiB", "1536B", "100B"]
 
@@ -44,7 +51,7 @@ def test_standard_level_on_a_cpu() -> None:
     figures = {f.name: f for f in run.figures}
     for name in ("gemm_fp32_64_tflops", "membw_copy_gbps", "membw_triad_gbps",
                  "allreduce_64KiB_busbw_gbps", "allgather_64KiB_busbw_gbps",
-                 "train_tokens_per_s", "train_step_ms"):
+                 "alltoall_64KiB_busbw_gbps", "train_tokens_per_s", "train_step_ms"):
         assert figures[name].value > 0 and figures[name].unit, name
     assert not any("bf16" in n for n in figures)
     checks = {c.name: c for c in run.checks}
