@@ -7,19 +7,25 @@ runs them on the schedule of its configuration (services/bench/config.py).
 
 from __future__ import annotations
 
+from services.bench.health import (
+    gpu_ras,
+    host_settings,
+    kernel_log,
+    pcie,
+    rdma,
+    storage,
+    versions,
+)
 from services.bench.health.base import HealthProbe
 
 # Each module lists its probes in PROBES.
-_MODULES: tuple[str, ...] = ("kernel_log", "gpu_ras", "versions", "host_settings",
-                           "rdma", "pcie", "storage")
+_MODULES = (gpu_ras, host_settings, kernel_log, pcie, rdma, storage, versions)
 
 
 def _catalogue() -> dict[str, HealthProbe]:
-    import importlib
-
     out: dict[str, HealthProbe] = {}
-    for name in _MODULES:
-        for probe in importlib.import_module(f"services.bench.health.{name}").PROBES:
+    for module in _MODULES:
+        for probe in module.PROBES:
             if probe.kind in out:
                 raise ValueError(f"health probe kind {probe.kind} is defined twice")
             out[probe.kind] = probe
