@@ -94,14 +94,20 @@ def load_api_client() -> client.ApiClient:
 
 
 async def _in_threads(call: Callable[..., None], args: list[tuple[Any, ...]]) -> None:
-    """``call(*a)`` for every ``a``, at most _API_CONCURRENCY at a time, each in a thread."""
+    """``call(*a)`` for every ``a``, at most _API_CONCURRENCY at a time, each in a
+    thread. Every call has finished before the first error is raised: a
+    create still in flight when a sibling failed would otherwise land after
+    the caller's clean-up had listed what to delete (a pod left behind)."""
     gate = asyncio.Semaphore(_API_CONCURRENCY)
 
     async def one(a: tuple[Any, ...]) -> None:
         async with gate:
             await asyncio.to_thread(call, *a)
 
-    await asyncio.gather(*(one(a) for a in args))
+    results = await asyncio.gather(*(one(a) for a in args), return_exceptions=True)
+    errors = [r for r in results if isinstance(r, BaseException)]
+    if errors:
+        raise errors[0]
 
 
 class KubernetesDriver:

@@ -218,9 +218,21 @@ async def test_a_pod_deleted_while_no_driver_watched_is_lost_not_started_again(
 async def test_failed_launch_removes_the_gang_and_raises(
         api: FakeKubeApi, driver: KubernetesDriver) -> None:
     api.fail_create[pod_name(JOB, 2, 1)] = 403
+    # Rank 0's create goes out after rank 1's refusal came back (a loaded
+    # machine): the clean-up must not list the pods before it landed (it
+    # once left that pod behind).
+    create = driver._create
+
+    def late(kind: str, obj: dict[str, Any]) -> Any:
+        if obj["metadata"]["name"] == pod_name(JOB, 2, 0):
+            time.sleep(0.5)
+        return create(kind, obj)
+
+    driver._create = late  # type: ignore[method-assign]
     with pytest.raises(ApiException) as info:
         await driver.launch(JOB, 2, SPEC, SLOTS)
     assert info.value.status == 403
+    await asyncio.sleep(1.0)  # nothing lands later either
     assert api.pods == {} and api.services == {}
     assert any(c.method == "DELETE" and c.path == f"{SERVICES}/{service_name(JOB, 2)}"
                for c in api.requests())
