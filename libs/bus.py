@@ -207,6 +207,10 @@ class Served:
             await self._subscriber.stop()
 
 
+# How long a bucket that is not found is asked for again (see Bus.kv).
+BUCKET_APPEAR_S = 10.0
+
+
 class Bus:
     """A connected NATS client plus JetStream context for one service."""
 
@@ -377,12 +381,26 @@ class Bus:
                 bucket=bucket.name, description=bucket.description, history=bucket.history,
                 storage=api.StorageType.FILE, replicas=replicas))
 
-    async def records(self, spec: BucketSpec[R]) -> Records[R]:
+    async def records(self, spec: BucketSpec[R], *,
+                      appear_s: float = BUCKET_APPEAR_S) -> Records[R]:
         """A bucket as typed records (``libs.records``), written revision-checked."""
-        return Records(await self.js.key_value(spec.name), spec, self.nc)
+        return Records(await self.kv(spec.name, appear_s=appear_s), spec, self.nc)
 
-    async def kv(self, bucket: str) -> KeyValue:
-        return await self.js.key_value(bucket)
+    async def kv(self, bucket: str, *, appear_s: float = BUCKET_APPEAR_S) -> KeyValue:
+        """A KV bucket. On a NATS cluster a bucket the topology just created
+        can be unknown to the member answering for a moment (its stream is
+        still being placed): asked again for up to ``appear_s`` before the
+        BucketNotFoundError stands."""
+        deadline = asyncio.get_running_loop().time() + appear_s
+        delay = 0.1
+        while True:
+            try:
+                return await self.js.key_value(bucket)
+            except nats.js.errors.BucketNotFoundError:
+                if asyncio.get_running_loop().time() + delay > deadline:
+                    raise
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 1.0)
 
     # ------------------------------------------------------------------ publish
 

@@ -83,7 +83,7 @@ async def open_bus(url: str, token: str | None, settings: Settings | None = None
 async def read_live(bus: Bus, url: str) -> LiveNodes | None:
     """None when the bus has no ``nodes`` bucket: bootstrap never ran there."""
     try:
-        nodes = await bus.records(NODES)
+        nodes = await bus.records(NODES, appear_s=0)  # no bootstrap ever ran here
     except BucketNotFoundError:
         return None
     return LiveNodes(url, await nodes.load())  # records this release cannot read are skipped

@@ -80,6 +80,14 @@ async def test_restarts_with_slow_agents_quarantine_no_healthy_node(
     proc = start_service("failover", [], nats_url, tmp_path, **ENV)
     try:
         await wait_healthy(bus, "failover", timeout=60)
+        # Health answers before the service's heartbeat listener (a
+        # connection of its own) is subscribed: beat until it hears one.
+        heard_by = time.monotonic() + 30
+        while not (await wait_healthy(bus, "failover"))["beats_heard"]:
+            assert time.monotonic() < heard_by, "failover never heard a heartbeat"
+            seq += 1
+            await _beat(bus, "gpu-1", seq)
+            await asyncio.sleep(0.2)
         await _beat(bus, "ghost-1", 1)  # never registered
         deadline = time.monotonic() + 3 * MISSED * INTERVAL_S + 10
         while time.monotonic() < deadline:  # gpu-1 and gpu-2 beat on; gpu-3 (2099) stopped

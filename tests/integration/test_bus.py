@@ -157,6 +157,28 @@ async def test_malformed_message_is_dead_lettered_and_consumer_keeps_serving(bus
     assert any("Field required" in r for r in reasons)
 
 
+async def test_a_bucket_made_a_moment_later_is_found_one_never_made_is_not(bus: Bus) -> None:
+    """On a cluster a just-created bucket can be unknown to the member that
+    answers for a moment: Bus.kv asks again for a while before giving up."""
+    from nats.js import api
+    from nats.js.errors import BucketNotFoundError
+
+    async def make_later() -> None:
+        await asyncio.sleep(0.5)
+        await bus.js.create_key_value(api.KeyValueConfig(bucket="later"))
+
+    maker = asyncio.create_task(make_later())
+    kv = await bus.kv("later", appear_s=5)
+    await maker
+    assert kv is not None
+    t0 = asyncio.get_running_loop().time()
+    with pytest.raises(BucketNotFoundError):
+        await bus.kv("never", appear_s=0.3)
+    assert asyncio.get_running_loop().time() - t0 < 2
+    with pytest.raises(BucketNotFoundError):
+        await bus.kv("never", appear_s=0)
+
+
 async def test_handled_and_refused_messages_are_counted_by_subject(bus: Bus) -> None:
     """/metrics figures: handled and dead-lettered by subject pattern, the
     handler's time, how late messages were handled, the durable's pending."""
