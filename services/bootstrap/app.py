@@ -54,7 +54,13 @@ from libs.specs import load_model
 from libs.tasks import cancel_and_wait
 from libs.wiring import wire
 from services.bootstrap import rebench
-from services.bootstrap.onboarding import State, Trigger, awaits_verdict, step
+from services.bootstrap.onboarding import (
+    State,
+    Trigger,
+    awaits_verdict,
+    step,
+    verdict_overdue,
+)
 from services.bootstrap.plan import NodeChange, busy_jobs, diff_nodes
 from services.bootstrap.protocol import (
     REMOVE_BY_KUBESPRAY,
@@ -365,9 +371,10 @@ class Bootstrap:
         """Nodes whose fleet verdict did not come in time (no coordinator
         runs, or it is down): the agent's passing result stands."""
         for name, record in list(self.nodes.items()):
-            if record.verdict_due_at is None or now < record.verdict_due_at:
+            stands = verdict_overdue(record.state, record.verdict_due_at, now)
+            if stands is None:
                 continue
-            if record.state in ("preflight", "repair"):
+            if stands:
                 self._log.warning("no fleet verdict in time; the node's own bench stands",
                                   node=name, waited_s=self.settings.bench_verdict_wait_s)
                 await self._set_state(name, "bench_passed", "bench passed on the node; no "

@@ -92,3 +92,13 @@ def awaits_verdict(state: State, *, level: str, passed: bool, judged_by: str) ->
     must not take a job before the coordinator says so. Pure."""
     return (passed and judged_by == "agent" and level in JUDGED_LEVELS
             and state in ("preflight", "repair"))
+
+
+def verdict_overdue(state: State, verdict_due_at: float | None, now: float) -> bool | None:
+    """A node awaiting its fleet verdict past ``verdict_due_at``: True when
+    its own pass should now stand (still in preflight or repair), False when
+    the wait is moot (it moved on meanwhile: clear it), None when nothing is
+    due. Pure."""
+    if verdict_due_at is None or now < verdict_due_at:
+        return None
+    return state in ("preflight", "repair")

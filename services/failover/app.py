@@ -78,6 +78,7 @@ from services.failover.faults import (
     FailoverRules,
     Fault,
     FaultBook,
+    bench_fault_kind,
     classify_exit,
     infra_rule,
 )
@@ -245,9 +246,8 @@ class Failover:
     async def on_bench_result(self, event: BenchResult) -> None:
         # A periodic probe's report (its agent counted the failing streak) is
         # probe_failed; a bench run's verdict is bench_failed.
-        kind = "probe_failed" if event.data.trigger == "probe" else "bench_failed"
-        if event.data.fault_kind and self.book.rules.rule(f"probe:{event.data.fault_kind}"):
-            kind = f"probe:{event.data.fault_kind}"  # an operator's rule for this probe's kind
+        kind = bench_fault_kind(self.book.rules, probe=event.data.trigger == "probe",
+                                fault_kind=event.data.fault_kind)
         await self._act(self.book.observe(
             kind, event.node, bad=not event.data.passed, now=time.time(),
             reason=event.data.reason, jobs=self._jobs_on(event.node)))

@@ -54,6 +54,17 @@ class FailoverRules(Frozen):
         return next((r for r in self.rules if r.kind == kind), None)
 
 
+def bench_fault_kind(rules: FailoverRules, *, probe: bool, fault_kind: str | None) -> str:
+    """The fault kind a failing bench result observes: a probe's report is
+    ``probe_failed``, or ``probe:<its catalogue kind>`` where an operator's
+    rule names that kind; a bench run's verdict is ``bench_failed``. Pure."""
+    if not probe:
+        return "bench_failed"
+    if fault_kind and rules.rule(f"probe:{fault_kind}") is not None:
+        return f"probe:{fault_kind}"
+    return "probe_failed"
+
+
 DEFAULT_RULES: tuple[FaultRule, ...] = (
     FaultRule(kind="heartbeat_missed"),
     # The agent reports a probe only after its own failing streak

@@ -19,7 +19,7 @@ from libs.records import NODES
 from libs.settings import Settings
 from services.bench.coordinator import BenchCoordinator
 from services.bootstrap.app import Bootstrap
-from services.bootstrap.onboarding import awaits_verdict
+from services.bootstrap.onboarding import awaits_verdict, verdict_overdue
 from tests.helpers import stream_messages, until
 
 pytestmark = pytest.mark.timeout(120)
@@ -64,6 +64,10 @@ def test_only_a_judged_levels_pass_on_the_node_waits_for_the_verdict() -> None:
     assert not awaits_verdict("preflight", level="standard", passed=True,
                               judged_by="coordinator")
     assert not awaits_verdict("ready", level="standard", passed=True, judged_by="agent")
+    assert verdict_overdue("preflight", 100.0, 99.0) is None  # not yet
+    assert verdict_overdue("preflight", 100.0, 100.0) is True  # its own pass stands
+    assert verdict_overdue("quarantined", 100.0, 101.0) is False  # moved on: clear the wait
+    assert verdict_overdue("preflight", None, 1e9) is None
 
 
 async def test_a_gpu_under_its_peak_floor_is_quarantined_before_it_takes_a_job(

@@ -17,6 +17,7 @@ from libs.bus import CONTROL, Bus
 from libs.events import BenchCheck, BenchResult, BenchResultData, FaultOpened, parse_event
 from libs.settings import Settings
 from services.failover.app import Failover
+from services.failover.faults import FailoverRules, FaultRule, bench_fault_kind
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -43,6 +44,14 @@ async def opened(bus: Bus, n: int) -> list[FaultOpened]:
         if len(found) >= n or time.monotonic() > deadline:
             return found
         await asyncio.sleep(0.2)
+
+
+def test_which_kind_a_failing_bench_result_is() -> None:
+    rules = FailoverRules(rules=[FaultRule(kind="probe:host_setting", failover=False)])
+    assert bench_fault_kind(rules, probe=True, fault_kind="host_setting") == "probe:host_setting"
+    assert bench_fault_kind(rules, probe=True, fault_kind="rdma_port_down") == "probe_failed"
+    assert bench_fault_kind(rules, probe=True, fault_kind=None) == "probe_failed"
+    assert bench_fault_kind(rules, probe=False, fault_kind="host_setting") == "bench_failed"
 
 
 async def test_a_probe_fault_kind_follows_its_own_rule_or_the_default(
