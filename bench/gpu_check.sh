@@ -3,7 +3,9 @@
 #   1. on every GPU, one at a time: GEMM 8192x8192 in bf16, fp16, fp32,
 #      int8 and fp8 (where the GPU has the kernel) and HBM copy/triad (<= 300 s)
 #   2. all-reduce, all-gather and all-to-all bus bandwidth (64 MiB, 1 GiB) over every GPU of
-#      the machine (torchrun, NCCL on CUDA / RCCL on ROCm)          (<= 120 s)
+#      the machine (torchrun, NCCL on CUDA / RCCL on ROCm), held against
+#      what the GPUs' XGMI / NVLink / PCIe links allow (the
+#      intranode_link_rate line; services/bench/link_rates.py)  (<= 120 s)
 #   3. each figure, per GPU and the weakest GPU's as the node's, as a share
 #      of the device's published peak
 #      (peaks and their vendor sources: services/bench/gpu_peaks.py)

@@ -1,6 +1,8 @@
 """``primus-safe bootstrap plan|apply HOSTS.yaml``: render a hosts file into
-a Kubespray inventory and add-on Helm values, show what would change, and
-provision through ansible-runner.
+a Kubespray inventory for the release of ``--kubespray DIR`` (refusing one
+the renderer does not support, and what that release would refuse), show
+what would change, and provision through ansible-runner with Kubespray's
+own Ansible (``services/bootstrap/ansible_env.py``).
 
 ``plan`` compares the file with the nodes the running bootstrap service knows
 (its ``nodes`` bucket) when the bus answers, else with the last applied file,
@@ -34,6 +36,8 @@ from libs.specs import load_model
 
 if TYPE_CHECKING:
     from libs.bus import Bus
+    from libs.kubespray import KubesprayRelease
+    from services.bootstrap.ansible_env import AnsibleEnv
     from services.bootstrap.handover import LiveNodes
     from services.bootstrap.plan import Plan
     from services.bootstrap.provision import ProvisionResult
@@ -48,8 +52,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "(without an action: run the bootstrap service)")
     parser.add_argument("hosts_file", nargs="?", metavar="HOSTS.yaml")
     parser.add_argument("--kubespray", metavar="DIR",
-                        help="apply: a Kubespray checkout; runs its playbooks through "
-                        "ansible-runner (without it, apply only writes the files)")
+                        help="a Kubespray checkout of a supported release: the inventory is "
+                        "rendered and checked for it; apply runs its playbooks through "
+                        "ansible-runner (without it: rendered for the newest supported "
+                        "release, and apply only writes the files)")
+    parser.add_argument("--ansible-venv", metavar="DIR",
+                        help="apply: the virtual environment holding Kubespray's Ansible "
+                        "(default: one built once per checkout from its requirements.txt)")
+    parser.add_argument("--allow-first-control-plane-change", action="store_true",
+                        help="let the first control-plane node change (Kubespray's "
+                        "'Replacing a first control plane node' procedure)")
+    parser.add_argument("--allow-dns-domain-change", action="store_true",
+                        help="let a built cluster's DNS domain change (a rebuild)")
     parser.add_argument("--playbook", default="cluster.yml",
                         help="the full playbook inside --kubespray (default cluster.yml)")
     parser.add_argument("--out", default=".primus/bootstrap",
@@ -82,9 +96,13 @@ def run(args: argparse.Namespace) -> int:
     if args.hosts or not args.hosts_file:
         raise CliError(f"bootstrap {args.action} needs a hosts file: "
                        f"primus-safe bootstrap {args.action} HOSTS.yaml")
-    hosts = load_model(args.hosts_file, HostsFile)  # every problem at once, before any effect
-    extravars = _extravars(args.extra_var)
     kubespray = Path(args.kubespray) if args.kubespray else None
+    release = _release(kubespray)
+    # Every problem at once, the release's own rules included, before any effect.
+    hosts = load_model(args.hosts_file, HostsFile, context={"kubespray": release})
+    extravars = _extravars(args.extra_var)
+    if args.ansible_venv and kubespray is None:
+        raise CliError("--ansible-venv runs Kubespray's playbooks: give --kubespray DIR too")
     if args.action == "apply" and kubespray is not None:
         if not (kubespray / args.playbook).is_file():
             raise CliError(f"--kubespray {kubespray}: no {args.playbook} there; "
@@ -92,11 +110,32 @@ def run(args: argparse.Namespace) -> int:
         if not hosts.provisioned:
             raise CliError(f"{args.hosts_file}: --kubespray given but the file does not ask "
                            "for provisioning; add 'provision: true' (and control-plane/etcd roles)")
-    return asyncio.run(_run(args, hosts, extravars, kubespray))
+    return asyncio.run(_run(args, hosts, extravars, kubespray, release))
+
+
+def _release(kubespray: Path | None) -> KubesprayRelease:
+    """The release of the checkout given, else the newest supported one."""
+    from libs.kubespray import UnsupportedRelease, newest
+    from services.bootstrap.kubespray_checkout import read_release
+
+    if kubespray is None:
+        return newest()
+    try:
+        return read_release(kubespray)
+    except UnsupportedRelease as exc:
+        raise CliError(str(exc)) from None
+
+
+def _allowed(args: argparse.Namespace) -> list[str]:
+    from services.bootstrap.plan import DNS_DOMAIN_FLAG, FIRST_CONTROL_PLANE_FLAG
+
+    return [flag for flag, given in ((FIRST_CONTROL_PLANE_FLAG,
+                                      args.allow_first_control_plane_change),
+                                     (DNS_DOMAIN_FLAG, args.allow_dns_domain_change)) if given]
 
 
 async def _run(args: argparse.Namespace, hosts: HostsFile, extravars: dict[str, Any],
-               kubespray: Path | None) -> int:
+               kubespray: Path | None, release: KubesprayRelease) -> int:
     from cli.client import bus_target
     from cli.output import load_settings
     from services.bootstrap.handover import open_bus, read_live
@@ -109,16 +148,26 @@ async def _run(args: argparse.Namespace, hosts: HostsFile, extravars: dict[str, 
     try:
         live = await read_live(bus, url) if bus is not None else None
         root = Path(args.out)
-        plan, files = plan_for(hosts, root, live=live.specs if live is not None else None)
+        try:
+            plan, files = plan_for(hosts, root, live=live.specs if live is not None else None,
+                                   release=release)
+        except ValueError as exc:
+            raise CliError(str(exc)) from None
         baseline = _baseline(bus is not None, live, url, root, hosts)
+        target = (f"rendered for {release.name}" + ("" if kubespray is not None else
+                  " (the newest supported; --kubespray DIR renders for your checkout)"))
         if args.json:
-            print(json.dumps({**as_json(plan), "baseline": baseline}, indent=2), flush=True)
+            print(json.dumps({**as_json(plan), "baseline": baseline, "kubespray": {
+                "release": release.version or release.series, "given": kubespray is not None}},
+                indent=2), flush=True)
         else:
-            print(f"{describe(plan)}\n({baseline['text']})", flush=True)
+            print(f"{describe(plan)}\n({baseline['text']}; {target})", flush=True)
+        if refused := plan.refused(_allowed(args)):
+            raise CliError("refused: " + "; ".join(h.message for h in refused))
         if args.action == "plan":
             return 0
         return await _apply(args, hosts, extravars, kubespray, bus=bus, url=url, live=live,
-                            plan=plan, files=files)
+                            plan=plan, files=files, release=release)
     finally:
         if bus is not None:
             await bus.close()
@@ -147,7 +196,7 @@ def _baseline(online: bool, live: LiveNodes | None, url: str, root: Path,
 
 async def _apply(args: argparse.Namespace, hosts: HostsFile, extravars: dict[str, Any],
                  kubespray: Path | None, *, bus: Bus | None, url: str, live: LiveNodes | None,
-                 plan: Plan, files: dict[str, str]) -> int:
+                 plan: Plan, files: dict[str, str], release: KubesprayRelease) -> int:
     from services.bootstrap.provision import Workspace, record_applied, write_files
     from services.bootstrap.steps import FACTS_PLAYBOOKS, kubespray_steps
 
@@ -175,6 +224,7 @@ async def _apply(args: argparse.Namespace, hosts: HostsFile, extravars: dict[str
     if missing:
         raise CliError(f"--kubespray {kubespray}: no {', '.join(missing)} there; this change "
                        "needs it (give the root of a Kubespray checkout)")
+    env = await asyncio.to_thread(_ansible_env, args, kubespray, release)
     removed = plan.removed()
     drain = bool(removed) and not args.no_drain
     if drain and bus is None:
@@ -195,8 +245,8 @@ async def _apply(args: argparse.Namespace, hosts: HostsFile, extravars: dict[str
         await _wait_drained(bus, removed, timeout_s=args.drain_timeout)
 
     if removed:
-        await _remove_nodes(plan, hosts, leaving, kubespray, extravars,
-                            bus=bus if drain else None)
+        await _remove_nodes(plan, hosts, leaving, kubespray, extravars, env=env,
+                            release=release, bus=bus if drain else None)
         if not drain:
             print(f"note: --no-drain: bootstrap was not told; {', '.join(removed)} stay in its "
                   "nodes bucket until its own hosts file drops them", flush=True)
@@ -206,7 +256,7 @@ async def _apply(args: argparse.Namespace, hosts: HostsFile, extravars: dict[str
     for step in steps:
         if step.kind == "remove":
             continue
-        result = await _run_step(kubespray, step, inventory, extravars)
+        result = await _run_step(kubespray, step, inventory, extravars, env)
         if step.kind in ("scale", "full"):
             joined = result
         if result.rc != 0:
@@ -270,7 +320,8 @@ async def _wait_drained(bus: Bus, nodes: list[str], *, timeout_s: float) -> None
 
 
 async def _remove_nodes(plan: Plan, hosts: HostsFile, leaving: list[HostSpec],
-                        kubespray: Path, extravars: dict[str, Any], *, bus: Bus | None) -> None:
+                        kubespray: Path, extravars: dict[str, Any], *, env: AnsibleEnv,
+                        release: KubesprayRelease, bus: Bus | None) -> None:
     """remove-node.yml for the leaving nodes (with them still in the
     inventory; unreachable ones without a reset), then bootstrap's
     node.removed: it means gone from Kubernetes."""
@@ -280,14 +331,14 @@ async def _remove_nodes(plan: Plan, hosts: HostsFile, leaving: list[HostSpec],
 
     names = plan.removed()
     with tempfile.TemporaryDirectory(prefix="primus-remove-") as tmp:
-        inventory = write_removal_inventory(hosts, leaving, Path(tmp))
-        down = await asyncio.to_thread(probe_unreachable, inventory=inventory, nodes=names,
-                                       extravars=extravars)
+        inventory = write_removal_inventory(hosts, leaving, Path(tmp), release)
+        down = await asyncio.to_thread(probe_unreachable, env=env, inventory=inventory,
+                                       nodes=names, extravars=extravars)
         if down:
             print(f"unreachable: {', '.join(down)} (deleted without a reset)", flush=True)
         steps = kubespray_steps(plan, hosts, cluster_exists=True, unreachable=down)
         for step in (s for s in steps if s.kind == "remove"):
-            result = await _run_step(kubespray, step, inventory, extravars)
+            result = await _run_step(kubespray, step, inventory, extravars, env)
             if result.rc != 0:
                 raise CliError(f"{step.playbook} failed ({result.status}, rc {result.rc}) for "
                                f"{', '.join(step.nodes)}; nothing was removed from the platform "
@@ -301,14 +352,36 @@ async def _remove_nodes(plan: Plan, hosts: HostsFile, leaving: list[HostSpec],
 
 
 async def _run_step(kubespray: Path, step: Step, inventory: Path,
-                    extravars: dict[str, Any]) -> ProvisionResult:
+                    extravars: dict[str, Any], env: AnsibleEnv) -> ProvisionResult:
     from services.bootstrap.provision import run_playbook
 
-    print(f"run: {step.describe()}", flush=True)
+    print(f"run: {step.describe()} with {env.playbook}", flush=True)
     return await asyncio.to_thread(
-        run_playbook, project_dir=kubespray, playbook=step.playbook, inventory=inventory,
-        on_progress=lambda p: print(p, flush=True), limit=step.limit,
+        run_playbook, env=env, project_dir=kubespray, playbook=step.playbook,
+        inventory=inventory, on_progress=lambda p: print(p, flush=True), limit=step.limit,
         extravars={**step.extravars, **extravars})
+
+
+def _ansible_env(args: argparse.Namespace, kubespray: Path,
+                 release: KubesprayRelease) -> AnsibleEnv:
+    """The operator's --ansible-venv, else the checkout's own environment
+    (built on first use, with a progress line per pip step); either is
+    checked against the ansible-core range the release accepts."""
+    from rich.console import Console
+
+    from services.bootstrap.ansible_env import AnsibleEnv, AnsibleEnvError, env_for
+
+    try:
+        if args.ansible_venv:
+            env = AnsibleEnv(Path(args.ansible_venv).absolute())
+        else:
+            console = Console(stderr=True)
+            with console.status("Kubespray's Ansible environment") as status:
+                env = env_for(kubespray, on_line=lambda line: status.update(line[:120]))
+        env.check(release)
+    except AnsibleEnvError as exc:
+        raise CliError(str(exc)) from None
+    return env
 
 
 async def _publish(bus: Bus, hosts: HostsFile, result: ProvisionResult) -> None:

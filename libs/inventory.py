@@ -21,6 +21,13 @@ from pydantic import Field, ValidationError, ValidationInfo, field_validator, mo
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from libs.events import Frozen, NodeDescription, check_key
+from libs.kubespray import (
+    HOSTNAME,
+    KubesprayRelease,
+    hostname_fix,
+    is_dns_subdomain,
+    normal_kube_version,
+)
 
 # GPU models the platform knows how to judge; "cpu" is a local node with no GPU.
 KNOWN_GPU_MODELS = ("MI300X", "MI325X", "MI250X", "MI210", "H100", "H200", "A100", "cpu")
@@ -143,11 +150,33 @@ class HostSpec(NodeDescription):
 class KubernetesSettings(Frozen):
     """What Kubespray needs to lay the cluster out; defaults are Kubespray's."""
 
-    version: str = Field(default="v1.30.4", pattern=r"^v\d+\.\d+\.\d+$")
+    version: str | None = Field(
+        default=None, description="Kubernetes version (1.34.3; a leading v is accepted); "
+        "default: the newest the Kubespray release builds. Checked against that release's "
+        "supported versions at plan time")
     pod_cidr: str = "10.233.64.0/18"
     service_cidr: str = "10.233.0.0/18"
+    node_cidr_prefix: int | None = Field(
+        default=None, ge=8, le=128, description="each node's share of pod_cidr (Kubespray's "
+        "kube_network_node_prefix); default Kubespray's: 24 for IPv4, 120 for IPv6")
+    dns_domain: str = Field(
+        default="cluster.local", description="the cluster's DNS domain (Kubespray's "
+        "dns_domain); the Kubernetes driver's PRIMUS_K8S_CLUSTER_DOMAIN must match it")
     container_runtime: Literal["containerd", "crio", "docker"] = "containerd"
     network_plugin: Literal["calico", "cilium", "flannel", "kube-ovn"] = "calico"
+
+    @field_validator("version")
+    @classmethod
+    def _version(cls, value: str | None) -> str | None:
+        return None if value is None else normal_kube_version(value)
+
+    @field_validator("dns_domain")
+    @classmethod
+    def _dns_domain(cls, value: str) -> str:
+        if not is_dns_subdomain(value):
+            raise ValueError(f"{value[:80]!r} is not a DNS domain: lower-case labels of letters, "
+                             "digits and '-' joined by '.', e.g. cluster.local")
+        return value
 
     @field_validator("pod_cidr", "service_cidr")
     @classmethod
@@ -194,9 +223,30 @@ class HostsFile(Frozen):
     def k8s(self) -> KubernetesSettings:
         return self.kubernetes or KubernetesSettings()
 
+    @model_validator(mode="wrap")
+    @classmethod
+    def _every_name(cls, data: Any, handler: Any) -> HostsFile:
+        """Host names are judged on the raw file too, so a bad name is
+        listed (with its fix) even when another field's error stops the
+        whole-file checks below: every bad name at once."""
+        try:
+            return handler(data)  # type: ignore[no-any-return]
+        except ValidationError as exc:
+            names = _raw_name_problems(data)
+            if not names:
+                raise
+            errors = [InitErrorDetails(type=PydanticCustomError(e["type"], "{message}", {
+                "message": e["msg"].removeprefix("Value error, ")}), loc=e["loc"], input=None)
+                for e in exc.errors() if tuple(e["loc"]) not in names]
+            errors += [InitErrorDetails(type=PydanticCustomError("hosts", "{message}", {
+                "message": message}), loc=loc, input=None) for loc, message in names.items()]
+            raise ValidationError.from_exception_data(cls.__name__, errors) from None
+
     @model_validator(mode="after")
-    def _consistent(self) -> HostsFile:
-        found = problems(self)
+    def _consistent(self, info: ValidationInfo) -> HostsFile:
+        # A Kubespray release in the context (``bootstrap plan|apply``) adds
+        # its own rules: supported Kubernetes versions, address space.
+        found = problems(self, (info.context or {}).get("kubespray"))
         if found:
             raise ValidationError.from_exception_data("HostsFile", [
                 InitErrorDetails(type=PydanticCustomError("hosts", message),
@@ -208,8 +258,27 @@ class HostsFile(Frozen):
 Problem = tuple[tuple[str | int, ...], str]
 
 
-def problems(hosts: HostsFile) -> list[Problem]:
-    """Every cross-field problem, each at its path (pure; the order is the file's)."""
+def _hostname_problem(name: str) -> str:
+    return (f"{name[:80]!r} is not a host name Kubespray and Kubernetes accept (lower-case "
+            "letters, digits and '-', at most 63 characters, starting and ending with a letter "
+            f"or digit); write {hostname_fix(name)!r}")
+
+
+def _raw_name_problems(data: Any) -> dict[tuple[str | int, ...], str]:
+    """Bad host names in a raw hosts file that asks for provisioning."""
+    if not isinstance(data, dict) or not (data.get("provision") is True or data.get("kubernetes")):
+        return {}
+    nodes = data.get("nodes")
+    if not isinstance(nodes, list):
+        return {}
+    return {("nodes", i, "name"): _hostname_problem(node["name"])
+            for i, node in enumerate(nodes) if isinstance(node, dict)
+            and isinstance(node.get("name"), str) and not HOSTNAME.match(node["name"])}
+
+
+def problems(hosts: HostsFile, release: KubesprayRelease | None = None) -> list[Problem]:
+    """Every cross-field problem, each at its path (pure; the order is the
+    file's); with ``release``, also what that Kubespray release refuses."""
     out: list[Problem] = []
     for attr in ("name", "ip"):
         seen: dict[str, list[int]] = defaultdict(list)
@@ -236,11 +305,48 @@ def problems(hosts: HostsFile) -> list[Problem]:
         out.append((("kubernetes", "service_cidr"),
                     f"{k8s.service_cidr} overlaps pod_cidr {k8s.pod_cidr}; pick disjoint ranges"))
     for i, node in enumerate(hosts.nodes):
+        if not HOSTNAME.match(node.name):
+            out.append((("nodes", i, "name"), _hostname_problem(node.name)))
         ip = ipaddress.ip_address(node.ip)
         for label, net in (("pod_cidr", pods), ("service_cidr", services)):
             if ip.version == net.version and ip in net:
                 out.append((("nodes", i, "ip"),
                             f"{node.ip} lies inside {label} {net}; move the range or the node"))
+    if release is not None:
+        out.extend(_release_problems(hosts, release, pods))
+    return out
+
+
+def _release_problems(hosts: HostsFile, release: KubesprayRelease,
+                      pods: ipaddress.IPv4Network | ipaddress.IPv6Network) -> list[Problem]:
+    """What Kubespray ``release`` itself would refuse (its validate_inventory
+    role), said here with the hosts file's own fields."""
+    k8s = hosts.k8s
+    out: list[Problem] = []
+    if why := release.kube_version_problem(k8s.version):
+        out.append((("kubernetes", "version"), why))
+    prefix = k8s.node_cidr_prefix or (release.kube_network_node_prefix if pods.version == 4
+                                      else release.kube_network_node_prefix_ipv6)
+    if prefix < pods.prefixlen or prefix > pods.max_prefixlen:
+        out.append((("kubernetes", "node_cidr_prefix"),
+                    f"/{prefix} does not fit inside pod_cidr {pods}; give a prefix between "
+                    f"{pods.prefixlen} and {pods.max_prefixlen}"))
+        return out
+    cluster = sum(1 for n in hosts.nodes if {"control-plane", "worker"} & set(n.roles))
+    # Calico hands out blocks on demand; the others give each node one
+    # fixed /prefix of pod_cidr, so pod_cidr bounds the node count.
+    if k8s.network_plugin != "calico" and 2 ** (prefix - pods.prefixlen) < cluster:
+        need = prefix - (cluster - 1).bit_length()
+        out.append((("kubernetes", "pod_cidr"),
+                    f"{pods} split into /{prefix} per node holds {2 ** (prefix - pods.prefixlen)}"
+                    f" node(s), but {cluster} join the cluster ({k8s.network_plugin}); widen "
+                    f"it to /{need} or larger, or raise node_cidr_prefix"))
+    if pods.version == 4 and k8s.network_plugin != "calico" and (
+            release.kubelet_max_pods > 2 ** (32 - prefix) - 2):
+        out.append((("kubernetes", "node_cidr_prefix"),
+                    f"/{prefix} per node leaves {2 ** (32 - prefix) - 2} pod addresses, fewer "
+                    f"than the {release.kubelet_max_pods} pods a node may run; use /"
+                    f"{32 - (release.kubelet_max_pods + 2 - 1).bit_length()} or a shorter prefix"))
     return out
 
 

@@ -107,6 +107,10 @@ class Settings(BaseSettings):
     k8s_service_account: str | None = None
     k8s_master_port: int = 29500
     k8s_nats_token_secret: str | None = None
+    k8s_cluster_domain: str = Field(
+        default="cluster.local", pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*"
+        r"[a-z0-9])?)*$", description="the cluster's DNS domain, as the hosts file's "
+        "kubernetes.dns_domain (Kubespray's dns_domain): pod addresses end in it")
     log_ship: bool = Field(default=False, description="also send log lines over the bus to Lens")
     worker_log_ship: bool = Field(default=True, description="send workers' stdout and stderr "
                                   "to Lens (the logs table)")

@@ -63,9 +63,10 @@ def format_validation(exc: ValidationError, lines: dict[tuple[Any, ...], int]) -
     return problems
 
 
-def load_model(path: str | Path, model: type[M]) -> M:
+def load_model(path: str | Path, model: type[M], *, context: dict[str, Any] | None = None) -> M:
     """Read ``path`` as YAML (through libs.yaml_files: bounded, UTF-8, no
-    duplicate keys) and validate it as ``model``; raises SpecError."""
+    duplicate keys) and validate it as ``model`` (with pydantic ``context``
+    for rules that depend on more than the file); raises SpecError."""
     path = Path(path)
     try:
         doc = yaml_files.load(path)
@@ -74,6 +75,6 @@ def load_model(path: str | Path, model: type[M]) -> M:
     if not isinstance(doc.data, dict):
         raise SpecError(path, ["the file must be a YAML mapping (key: value lines) at the top"])
     try:
-        return model.model_validate(doc.data)
+        return model.model_validate(doc.data, context=context)
     except ValidationError as exc:
         raise SpecError(path, format_validation(exc, doc.lines)) from None

@@ -73,7 +73,9 @@ class KubernetesDriverConfig(BaseModel):
         "no priorityClassName")
     nats_token_secret: str | None = Field(
         default=None, description=f"Secret whose '{NATS_TOKEN_KEY}' key is the bus token")
-    cluster_domain: str = "cluster.local"
+    cluster_domain: str = Field(
+        default="cluster.local", description="the cluster's DNS domain (Kubespray's "
+        "dns_domain): rank 0's address is <pod>.<service>.<namespace>.svc.<this>")
     job_credentials: bool = Field(
         default=False, description="workers log in to NATS with their job's own credential, "
         "from a per-job Secret the driver creates (never the platform's token)")

@@ -8,6 +8,13 @@ read and written since the driver loaded, in KB (``{"value": 2, "unit": "KB"}``;
 Lens sampler wants one received and one sent figure per GPU, so a GPU's links
 are summed; two such totals some seconds apart make a rate (``xgmi_rates``).
 
+The same document says what the links allow (``parse_amd_smi_xgmi_links``):
+per GPU ``bit_rate`` (Gb/s per lane) and ``max_bandwidth`` (Gb/s per link,
+per direction: the rate times the link's width; an MI300X shows 32 and 512,
+16 lanes), and one ``links`` entry per peer, "N/A" where the GPU has no link
+to that peer. The bench derives the expected intra-node bus bandwidth from it
+(services/bench/link_rates.py).
+
 The document is a bare list of GPUs up to ROCm 6.x; later releases wrap it as
 ``{"xgmi_metric": [...]}`` (sometimes one list deeper). Both are read.
 
@@ -18,6 +25,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 from libs.gpu.model import ToolOutputError
 from libs.gpu.units import integer, is_missing, load_json, number, to_bytes
@@ -57,6 +65,83 @@ def parse_amd_smi_xgmi_json(raw: str) -> XgmiTotals:
         if summed is not None:
             totals[index] = summed
     return totals
+
+
+@dataclass(frozen=True)
+class XgmiLinks:
+    """One GPU's XGMI links: what each allows and which peers it reaches."""
+
+    index: int
+    bdf: str | None
+    bit_rate_gbps: float | None  # per lane
+    link_gbps: float | None  # max_bandwidth: per link and direction
+    peers: tuple[int, ...]  # GPUs this one has a link to (counters not "N/A")
+
+
+def parse_amd_smi_xgmi_links(raw: str) -> dict[int, XgmiLinks]:
+    """Per GPU, its XGMI link rate and the peers it has a link to.
+
+    A GPU whose ``link_metrics`` are missing or "N/A" (no XGMI) is left out.
+    Raises ToolOutputError as ``parse_amd_smi_xgmi_json`` does, and on a rate
+    whose unit is not a bit or byte rate.
+    """
+    out: dict[int, XgmiLinks] = {}
+    for position, entry in enumerate(_gpu_entries(load_json(raw, tool=TOOL))):
+        if not isinstance(entry, Mapping) or "gpu" not in entry:
+            raise ToolOutputError(TOOL, f"xgmi GPU entry {position} is not a GPU object")
+        index = integer(entry["gpu"], tool=TOOL, field="gpu")
+        if index is None or index < 0 or index in out:
+            raise ToolOutputError(TOOL, f"xgmi GPU entry {position} has index {entry['gpu']!r}")
+        metrics = entry.get("link_metrics")
+        if not isinstance(metrics, Mapping):
+            continue  # "N/A" or absent: no XGMI on this GPU
+        bdf = entry.get("bdf")
+        out[index] = XgmiLinks(
+            index=index, bdf=bdf if isinstance(bdf, str) else None,
+            bit_rate_gbps=_gbps(metrics.get("bit_rate"), f"GPU {index} bit_rate"),
+            link_gbps=_gbps(metrics.get("max_bandwidth"), f"GPU {index} max_bandwidth"),
+            peers=_peers(metrics, index))
+    return out
+
+
+# Gb/s per unit; amd-smi prints "Gb/s", the library's unit for link rates.
+_RATE_UNITS = {"gb/s": 1.0, "gbps": 1.0, "mb/s": 1e-3, "mbps": 1e-3, "tb/s": 1e3}
+
+
+def _gbps(node: object, field: str) -> float | None:
+    """Gb/s from ``{"value": 512, "unit": "Gb/s"}`` or a bare number (Gb/s); None for N/A."""
+    if node is None or is_missing(node):
+        return None
+    value, unit = (node.get("value"), node.get("unit", "Gb/s")) if isinstance(node, Mapping) \
+        else (node, "Gb/s")
+    amount = number(value, tool=TOOL, field=f"xgmi {field}")
+    if amount is None:
+        return None
+    if not isinstance(unit, str):
+        raise ToolOutputError(TOOL, f"xgmi {field} has unit {unit!r}")
+    if unit.strip() == "GB/s":  # bytes: the case tells them from bits
+        return amount * 8
+    scale = _RATE_UNITS.get(unit.strip().lower())
+    if scale is None:
+        raise ToolOutputError(TOOL, f"xgmi {field} has unit {unit!r}, expected Gb/s")
+    return amount * scale
+
+
+def _peers(metrics: Mapping[str, object], index: int) -> tuple[int, ...]:
+    """The other GPUs whose link entry carries counters (a link this GPU has)."""
+    links = metrics.get("links")
+    if not isinstance(links, list):
+        return ()
+    peers = []
+    for position, link in enumerate(links):
+        if not isinstance(link, Mapping):
+            raise ToolOutputError(TOOL, f"xgmi GPU {index}: link {position} is not an object")
+        peer = integer(link.get("gpu"), tool=TOOL, field=f"GPU {index} link {position} gpu")
+        if peer is None or peer == index:
+            continue
+        if not (is_missing(link.get("read")) and is_missing(link.get("write"))):
+            peers.append(peer)
+    return tuple(sorted(peers))
 
 
 def xgmi_rates(

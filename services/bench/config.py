@@ -118,6 +118,13 @@ class StandardConfig(_Model):
         default=[64 << 20, 256 << 20, 1 << 30], min_length=1,
         description="intra-node message sizes: up to 1 GiB, where a link's bandwidth "
         "(not its latency) decides")
+    min_link_fraction: float = Field(
+        default=0.3, gt=0, le=1, description="GPU nodes: the largest message's intra-node "
+        "busbw (worst of all-reduce, all-gather, all-to-all) below this share of what the "
+        "best-connected GPU's XGMI, NVLink or PCIe links carry in one direction fails, naming "
+        "any GPU whose links run below its peers. Lower than full.min_link_fraction: a PCIe "
+        "ring that crosses the sockets reaches less of its links, and what this must catch "
+        "is gross (a fabric fallen back to PCIe is under 15% of it)")
     cpu_collective_bytes: list[int] = Field(default=[1 << 20], min_length=1)
     cpu_collective_ranks: int = Field(default=2, ge=2)
     collective_timeout_s: float = Field(default=120.0, gt=0)

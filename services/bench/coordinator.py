@@ -4,10 +4,15 @@ against the fleet of the same GPU model, asks for a retry when a first run
 looks unhealthy and publishes its verdict — a ``bench.result`` with
 ``judged_by=coordinator`` that bootstrap acts on — only after the repeat.
 
+A verdict also holds the run's driver, ROCm and CUDA versions against the
+majority of its GPU model's fleet (``version_drift``: a ``driver_drift``
+finding, acted on as the configuration's ``driver_versions`` probe says).
+
 It also pairs a node with a known-healthy partner for the full level's
 multi-node test, runs the binary-split search for the bad node(s) of a
 failing multi-node collective (``multinode``), and answers the fleet report.
-Decisions are in ``triage``, ``fleet`` and ``split_search``; this is I/O.
+Decisions are in ``triage``, ``fleet``, ``version_drift`` and ``split_search``;
+this is I/O.
 
 Replicas elect a leader (``libs.leader``, role ``bench-coordinator``): only
 the leader loads the bucket, consumes results and answers requests; a
@@ -71,6 +76,13 @@ from services.bench.protocol import (
 from services.bench.routes import COORDINATOR
 from services.bench.sweep import Sweeps
 from services.bench.triage import decide, measure_again
+from services.bench.version_drift import (
+    DriftFinding,
+    find_drift,
+    fleet_versions,
+    stated_versions,
+    with_finding,
+)
 
 if TYPE_CHECKING:
     from prometheus_client import Counter
@@ -98,6 +110,7 @@ class BenchCoordinator:
         self._verdicts_total: Counter | None = None
         self._searches_total: Counter | None = None
         self._search_rounds_total: Counter | None = None
+        self._drift_total: Counter | None = None
         self.election: LeaderElection | None = None
         self._term: int | None = None
         self._acting = False  # loaded the bucket and answering (health says so)
@@ -314,6 +327,8 @@ class BenchCoordinator:
         """Say what the fleet comparison (after any retry) found; bootstrap acts on it."""
         assert self.bus is not None
         data = event.data
+        finding = self.version_drift(event)
+        outcome, reason, checks = with_finding(outcome, reason, list(data.checks), finding)
         figures = list(data.figures)
         if judged.score is not None and judged.score_median:
             figures.append(Figure(name="node_score_vs_fleet", unit="ratio",
@@ -327,7 +342,7 @@ class BenchCoordinator:
                 gpu_model=data.gpu_model, dtype=data.dtype, figures=figures,
                 duration_s=data.duration_s, outcome=outcome, attempt=data.attempt,
                 retry_of=data.retry_of, judged_by="coordinator", verdict_of=event.id,
-                checks=data.checks, sweep=data.sweep)))
+                checks=checks, sweep=data.sweep)))
         record.verdict = BenchVerdict(outcome=outcome, reason=reason, request_id=request_id,
                                       time=event.time.timestamp(), flagged=judged.flagged,
                                       score=judged.score, score_median=judged.score_median)
@@ -337,6 +352,29 @@ class BenchCoordinator:
             self._verdicts_total.labels(data.level, outcome).inc()
         self._log.info("bench verdict", node=event.node, request=request_id, outcome=outcome,
                        reason=reason)
+
+    def version_drift(self, event: BenchResult) -> DriftFinding | None:
+        """The run's driver versions against the majority of its GPU model's
+        fleet, as the configuration's ``driver_versions`` probe has it (its
+        fault kind, severity and action); None when that probe is switched off."""
+        config = self.config.current
+        spec = next((c for c in config.scheduled_probes() if c.kind == "driver_versions"), None)
+        if spec is None or spec.fault_kind is None:
+            return None
+        data = event.data
+        fleet = fleet_versions(self.latest, gpu_model=data.gpu_model or data.device,
+                               levels=JUDGED_LEVELS, now=event.time.timestamp(),
+                               max_age_s=config.fleet.max_age_s)
+        finding = find_drift(event.node, stated_versions(data.checks), fleet,
+                             fault=spec.fault_kind, severity=spec.severity, action=spec.action,
+                             min_peers=config.fleet.min_peers)
+        if finding is not None:
+            self._log.warning("version drift", node=event.node, fault=finding.fault,
+                              severity=finding.severity, action=finding.action,
+                              detail="; ".join(finding.drifted))
+            if self._drift_total is not None:
+                self._drift_total.labels(finding.action).inc()
+        return finding
 
     async def save(self, node: str, record: BenchRecord) -> None:
         """The leader's record stands over one a deposed leader wrote meanwhile."""
@@ -388,6 +426,10 @@ class BenchCoordinator:
             "inconclusive, error)", ("outcome",))
         self._search_rounds_total = metrics.counter(
             "bench_search_rounds", "rounds of split-search collectives run")
+        self._drift_total = metrics.counter(
+            "bench_version_drift", "verdicts whose node runs another driver, ROCm or CUDA "
+            "version than its GPU model's fleet majority, by the finding's action "
+            "(quarantine, report)", ("action",))
 
     def health(self) -> dict[str, Any]:
         leadership = self.election.describe() if self.election is not None else {}

@@ -1,5 +1,6 @@
 """The steps of ``bench/gpu_check.sh``: large GEMMs and HBM bandwidth on
-every GPU, the intra-node collectives over every GPU (under torchrun), and a
+every GPU, the intra-node collectives over every GPU (under torchrun) held
+against what the GPUs' links allow (``link_rates.intranode_check``), and a
 report of each figure as a share of the device's published peak
 (``gpu_peaks``).
 
@@ -18,6 +19,7 @@ import json
 import sys
 from pathlib import Path
 
+from libs.events import BenchCheck, Figure
 from libs.worker_env import RankEnv
 from services.bench.gpu_peaks import lookup, shares, table
 from services.bench.per_gpu import summarize
@@ -65,10 +67,26 @@ def collectives(args: argparse.Namespace) -> int:
     samples = _measure(plan)
     if rank == 0:
         figures = _figures([{"samples": samples}], world, "")
+        links = link_check(figures, args.bytes)
         Path(args.out).write_text(json.dumps({
             "device": torch.cuda.get_device_name(0), "ranks": world,
-            "figures": [f.model_dump() for f in figures]}))
+            "figures": [f.model_dump() for f in figures],
+            "notes": [f"{links.name} {links.status}: {links.detail}"],
+            "problems": [f"{links.name}: {links.detail}"] if links.status == "failed" else []}))
     return 0
+
+
+def link_check(figures: list[Figure], sizes: list[int]) -> BenchCheck:
+    """The largest message's figures against the links read from this
+    machine, with the standard level's default share (link_rates.py)."""
+    from services.bench.config import StandardConfig
+    from services.bench.health.base import ProbeContext
+    from services.bench.link_rates import intranode_check
+    from services.bench.node_links import read_gpu_links
+
+    links, why = read_gpu_links(ProbeContext())
+    return intranode_check(figures, links, sizes=sizes,
+                           min_fraction=StandardConfig().min_link_fraction, unread=why)
 
 
 def report(args: argparse.Namespace) -> int:
@@ -83,6 +101,8 @@ def report(args: argparse.Namespace) -> int:
     print(f"{device} -> {peaks.model if peaks else 'no published peak in the table'}")
     print(table(rows))
     for p in parts:
+        for note in p.get("notes", []):
+            print(note)
         for problem in p.get("problems", []):
             print(f"problem: {problem}")
     print(json.dumps({

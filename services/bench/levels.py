@@ -5,7 +5,9 @@
 - standard (minutes on a GPU node, seconds on a CPU): quick, plus on every
   GPU GEMM per dtype and size and memory bandwidth (one GPU at a time) and a
   trial training run (all GPUs at once; see per_gpu.py), then intra-node
-  all-reduce / all-gather.
+  all-reduce / all-gather / all-to-all, held against what the GPUs' links
+  allow (link_rates.intranode_check), and the driver versions the node runs
+  (for the coordinator's comparison with its fleet).
 - full: standard, plus this node's share of a multi-node collective with a
   partner the coordinator chose (the agent adds that part: see agent.py).
 
@@ -25,7 +27,9 @@ from services.bench.config import BenchConfig, StandardConfig
 from services.bench.fleet import Outcome
 from services.bench.health.base import ProbeContext
 from services.bench.health.rdma import sysfs_ports
-from services.bench.link_rates import internode_check
+from services.bench.health.versions import version_check
+from services.bench.link_rates import internode_check, intranode_check
+from services.bench.node_links import read_gpu_links
 from services.bench.verdict import judge_checks, judge_quick
 
 Progress = Callable[[str], None]
@@ -114,7 +118,19 @@ def standard_level(*, config: BenchConfig, expected_devices: int | None,
         run.checks += checks
         if turn is not None:
             turn()
+    run.checks.append(intranode_links(run.figures, gpus=gpus, config=cfg))
+    run.checks.append(version_check(ProbeContext()))
     return run.judge()
+
+
+def intranode_links(figures: list[Figure], *, gpus: int, config: StandardConfig) -> BenchCheck:
+    """The intra-node collectives against the links read from this node
+    (right after they ran, while the GPUs' PCIe links are still trained up)."""
+    links, why = read_gpu_links(ProbeContext())
+    if links and not gpus:
+        links, why = [], "the collectives ran on CPU ranks, not over the GPUs' links"
+    return intranode_check(figures, links, sizes=config.gpu_collective_bytes,
+                           min_fraction=config.min_link_fraction, unread=why)
 
 
 def every_gpu(kind: str, count: int, cfg: StandardConfig, *, turn: standard.Turn = None,

@@ -8,9 +8,7 @@ inventory so a re-apply touches only what changed.
 
 from __future__ import annotations
 
-import os
 import shutil
-import sys
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -22,8 +20,10 @@ from pydantic import ValidationError
 
 from libs import yaml_files
 from libs.inventory import HostsFile, HostSpec
+from libs.kubespray import KubesprayRelease
+from services.bootstrap.ansible_env import AnsibleEnv
 from services.bootstrap.plan import Plan, make_plan
-from services.bootstrap.render import render
+from services.bootstrap.render import kubespray_refusals, render
 
 APPLIED = "applied-hosts.yaml"
 
@@ -59,24 +59,29 @@ class Workspace:
                 if p.suffix in (".yaml", ".yml") and p.name != APPLIED}
 
 
-def plan_for(hosts: HostsFile, root: Path, *, live: dict[str, HostSpec] | None = None
-             ) -> tuple[Plan, dict[str, str]]:
+def plan_for(hosts: HostsFile, root: Path, *, live: dict[str, HostSpec] | None = None,
+             release: KubesprayRelease | None = None) -> tuple[Plan, dict[str, str]]:
     """The plan against what ``root`` holds (nodes against ``live`` when
-    given), and the files it would write."""
+    given), and the files it would write for Kubespray ``release``."""
     ws = Workspace(root, hosts.cluster)
-    files = render(hosts)
+    files = render(hosts, release)
+    if hosts.provisioned and (refused := kubespray_refusals(files, hosts.cluster, release)):
+        # A valid hosts file never gets here: the renderer broke a rule.
+        raise ValueError("the rendered inventory breaks Kubespray's own checks: "
+                         + "; ".join(refused))
     return make_plan(ws.last_applied(), hosts, old_files=ws.rendered_files(),
                      new_files=files, live=live), files
 
 
-def write_removal_inventory(hosts: HostsFile, leaving: list[HostSpec], where: Path) -> Path:
+def write_removal_inventory(hosts: HostsFile, leaving: list[HostSpec], where: Path,
+                            release: KubesprayRelease | None = None) -> Path:
     """An inventory of ``hosts`` plus the nodes leaving, in ``where``:
     Kubespray's remove-node.yml must find the node in the inventory it runs
     with. Not validated again: the leaving nodes may break checks (an even
     etcd count) that only the new file has to pass."""
     with_leaving = HostsFile.model_construct(
         **{**dict(hosts), "nodes": [*hosts.nodes, *leaving]})
-    for rel, text in render(with_leaving).items():
+    for rel, text in render(with_leaving, release).items():
         (where / rel).parent.mkdir(parents=True, exist_ok=True)
         (where / rel).write_text(text)
     return where / "inventory" / hosts.cluster / "hosts.yaml"
@@ -125,19 +130,15 @@ class ProvisionResult:
     status: str
     failed_hosts: tuple[str, ...]
     ok_hosts: tuple[str, ...]
+    command: tuple[str, ...] = ()  # what ansible-runner ran
+    path: str = ""  # the PATH it ran with
 
 
 _SHOWN = {"runner_on_ok", "runner_on_failed", "runner_on_unreachable", "runner_on_skipped",
           "playbook_on_task_start"}
 
 
-def _envvars() -> dict[str, str]:
-    bin_dir = str(Path(sys.executable).parent)
-    return {"PATH": f"{bin_dir}:{os.environ.get('PATH', '')}",
-            "ANSIBLE_HOST_KEY_CHECKING": "False"}
-
-
-def probe_unreachable(*, inventory: Path, nodes: list[str],
+def probe_unreachable(*, env: AnsibleEnv, inventory: Path, nodes: list[str],
                       extravars: dict[str, Any] | None = None) -> list[str]:
     """The nodes Ansible cannot reach (an ad-hoc ``ping`` through
     ansible-runner): remove-node.yml must not try to reset those."""
@@ -150,19 +151,20 @@ def probe_unreachable(*, inventory: Path, nodes: list[str],
         runner = ansible_runner.run(
             private_data_dir=str(private), host_pattern=",".join(nodes), module="ping",
             inventory=str(inventory.resolve()), extravars=extravars or {}, quiet=True,
-            envvars=_envvars())
+            envvars=env.envvars())
         stats = runner.stats or {}
         return sorted(set(stats.get("dark", {})) & set(nodes))
     finally:
         shutil.rmtree(private, ignore_errors=True)
 
 
-def run_playbook(*, project_dir: Path, playbook: str, inventory: Path,
+def run_playbook(*, env: AnsibleEnv, project_dir: Path, playbook: str, inventory: Path,
                  on_progress: Callable[[Progress], None],
                  extravars: dict[str, Any] | None = None,
                  limit: str | None = None) -> ProvisionResult:
     """Run ``playbook`` (relative to ``project_dir``, e.g. Kubespray's
-    cluster.yml) against ``inventory`` through ansible-runner, streaming
+    cluster.yml) against ``inventory`` through ansible-runner with ``env``'s
+    ansible-playbook (Kubespray's Ansible, never the platform's), streaming
     progress; the private data dir is temporary so runs never share state."""
     import ansible_runner  # heavy; only ``apply`` needs it
 
@@ -178,11 +180,13 @@ def run_playbook(*, project_dir: Path, playbook: str, inventory: Path,
             private_data_dir=str(private), project_dir=str(project_dir),
             playbook=playbook, inventory=str(inventory.resolve()),
             extravars=extravars or {}, quiet=True, event_handler=handler, limit=limit,
-            envvars=_envvars(),
+            envvars=env.envvars(),  # its bin first: pexpect finds its ansible-playbook
         )
         stats = runner.stats or {}
         failed = set(stats.get("failures", {})) | set(stats.get("dark", {}))
         ok = set(stats.get("ok", {})) - failed
-        return ProvisionResult(runner.rc, runner.status, tuple(sorted(failed)), tuple(sorted(ok)))
+        return ProvisionResult(runner.rc, runner.status, tuple(sorted(failed)), tuple(sorted(ok)),
+                               command=tuple(runner.config.command),
+                               path=runner.config.env.get("PATH", ""))
     finally:
         shutil.rmtree(private, ignore_errors=True)

@@ -35,7 +35,7 @@ import math
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from libs.bus import Bus
 from libs.drivers.base import ClusterDriver, LaunchRefused, NodeWorkers, NodeWorkersRequest
@@ -85,6 +85,9 @@ COMMANDS: dict[type[Event], lifecycle.Action] = {
     JobStopRequested: "stop", JobResumeRequested: "resume", JobCancelRequested: "cancel",
     JobDeleteRequested: "delete"}
 MIN_CYCLE_INTERVAL_S = 0.1  # events arriving closer than this share one cycle
+
+if TYPE_CHECKING:  # the kubernetes client is heavy; only that driver loads it
+    from libs.drivers.kubernetes import KubernetesDriverConfig
 
 
 @dataclass
@@ -592,6 +595,27 @@ class Scheduler:
                 "nodes_ready": ready, **leadership}
 
 
+def kubernetes_config(settings: Settings, limits: lifecycle.Limits | None = None
+                      ) -> KubernetesDriverConfig:
+    """The Kubernetes driver's configuration from the settings (pure)."""
+    from libs.drivers.kubernetes import KubernetesDriverConfig
+
+    if not settings.k8s_image:
+        raise RuntimeError("PRIMUS_DRIVER=kubernetes needs PRIMUS_K8S_IMAGE, the training "
+                           "image workers run in")
+    return KubernetesDriverConfig(
+        namespace=settings.k8s_namespace, image=settings.k8s_image,
+        gpu_resource=settings.k8s_gpu_resource, checkpoint_pvc=settings.k8s_checkpoint_pvc,
+        service_account=settings.k8s_service_account, master_port=settings.k8s_master_port,
+        # An eviction or drain gives a worker as long to checkpoint as
+        # the platform's own stops and preemptions do.
+        termination_grace_s=math.ceil(max(limits.stop_grace_s, limits.preemption_grace_s))
+        if limits else 30,
+        nats_token_secret=settings.k8s_nats_token_secret,
+        cluster_domain=settings.k8s_cluster_domain,
+        job_credentials=settings.job_credential_key is not None)
+
+
 def make_driver(settings: Settings, bus: Bus,
                 limits: lifecycle.Limits | None = None) -> ClusterDriver:
     """The driver the settings name: local processes, or pods via the API.
@@ -599,23 +623,10 @@ def make_driver(settings: Settings, bus: Bus,
     key = settings.job_credential_key
     secret = key.get_secret_value().encode() if key else None
     if settings.driver == "kubernetes":
-        from libs.drivers.kubernetes import KubernetesDriver, KubernetesDriverConfig
+        from libs.drivers.kubernetes import KubernetesDriver
 
-        if not settings.k8s_image:
-            raise RuntimeError("PRIMUS_DRIVER=kubernetes needs PRIMUS_K8S_IMAGE, the training "
-                               "image workers run in")
-        config = KubernetesDriverConfig(
-            namespace=settings.k8s_namespace, image=settings.k8s_image,
-            gpu_resource=settings.k8s_gpu_resource, checkpoint_pvc=settings.k8s_checkpoint_pvc,
-            service_account=settings.k8s_service_account, master_port=settings.k8s_master_port,
-            # An eviction or drain gives a worker as long to checkpoint as
-            # the platform's own stops and preemptions do.
-            termination_grace_s=math.ceil(max(limits.stop_grace_s, limits.preemption_grace_s))
-            if limits else 30,
-            nats_token_secret=settings.k8s_nats_token_secret,
-            job_credentials=key is not None)
-        return KubernetesDriver(config, bus.publish, nats_url=settings.nats_url,
-                                job_credential_key=secret)
+        return KubernetesDriver(kubernetes_config(settings, limits), bus.publish,
+                                nats_url=settings.nats_url, job_credential_key=secret)
     return LocalDriver(settings.state_dir, bus.publish, nats_url=settings.nats_url,
                        nats_token=settings.nats_token,
                        job_credential_key=secret, log_limits=settings.worker_log_limits)

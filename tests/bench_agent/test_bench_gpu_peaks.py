@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from libs.events import Figure
 from services.bench import gpu_check
 from services.bench.config import BenchConfig
 from services.bench.fleet import judge_node
@@ -131,10 +132,13 @@ def test_report_step_reads_the_step_files(tmp_path: Path,
         "figures": [{"name": "gemm_bf16_8192_tflops", "value": 742.05, "unit": "TFLOPS"}]}))
     (tmp_path / "collectives.json").write_text(json.dumps({
         "device": "NVIDIA H100 80GB HBM3", "ranks": 8,
-        "figures": [{"name": "allreduce_512MiB_busbw_gbps", "value": 360.0, "unit": "GB/s"}]}))
+        "figures": [{"name": "allreduce_512MiB_busbw_gbps", "value": 360.0, "unit": "GB/s"}],
+        "notes": ["intranode_link_rate ok: allreduce_512MiB_busbw_gbps 360 GB/s against "
+                  "478.1 GB/s the GPUs' NVLink links allow (75%)"]}))
     assert gpu_check.main(["report", str(tmp_path)]) == 0
     out = capsys.readouterr().out.strip().splitlines()
     assert out[0] == "NVIDIA H100 80GB HBM3 -> H100 SXM"
+    assert any(line.startswith("intranode_link_rate ok: ") for line in out)
     last = json.loads(out[-1])
     assert last["name"] == "gpu_check" and last["model"] == "H100 SXM"
     ratios = {f["name"]: f["ratio"] for f in last["figures"]}
@@ -153,3 +157,9 @@ def test_the_script_parses_and_refuses_cleanly_without_a_gpu() -> None:
     done = subprocess.run(["bash", str(script)], capture_output=True, text=True, timeout=120,
                           check=False)
     assert done.returncode == 2 and "torch sees no GPU" in done.stderr
+
+
+def test_the_link_check_of_the_script_says_skipped_without_gpu_links() -> None:
+    figures = [Figure(name="allreduce_1GiB_busbw_gbps", value=300.0, unit="GB/s")]
+    check = gpu_check.link_check(figures, [64 << 20, 1 << 30])
+    assert check.name == "intranode_link_rate" and check.status == "skipped"

@@ -59,6 +59,11 @@ def test_standard_level_on_a_cpu() -> None:
     assert low_precision.status == "skipped" and "100x" in low_precision.detail
     assert checks["intra_node_collectives"].detail == "2 ranks over gloo"
     assert checks["train_loss_falling"].status == "ok"
+    # This machine has no GPU links and no GPU driver: both say so, neither fails.
+    links = checks["intranode_link_rate"]
+    assert links.status == "skipped" and links.detail.startswith("no link information: ")
+    versions = checks["driver_versions"]
+    assert versions.status == "skipped" and "no GPU driver loaded" in versions.detail
     assert all(f.unit for f in run.figures)
     assert len(turns) >= 3 * 5  # a turn passed after every timed sample
 

@@ -13,7 +13,14 @@ from pathlib import Path
 import pytest
 
 from libs.bus import CONTROL, Bus
-from libs.events import BenchRequest, BenchResult, BenchResultData, Figure, parse_event
+from libs.events import (
+    BenchCheck,
+    BenchRequest,
+    BenchResult,
+    BenchResultData,
+    Figure,
+    parse_event,
+)
 from tests.bench_agent.stack import Stack
 from tests.helpers import wait_healthy
 
@@ -91,3 +98,47 @@ async def test_an_unsure_repeat_is_measured_again_and_judged_over_the_repeats(
     finally:
         codes = stack.stop()
     assert set(codes.values()) == {0}, codes
+
+
+async def test_a_node_on_another_rocm_than_its_fleet_gets_a_drift_finding(
+        nats_url: str, bus: Bus, tmp_path: Path) -> None:
+    """Versions travel in each run's driver_versions check; the coordinator
+    holds a node's against its GPU model's fleet when it publishes its verdict."""
+    config = tmp_path / "bench.yaml"
+    config.write_text("fleet: {min_peers: 3}\n")
+    stack = Stack(nats_url, tmp_path, config)
+    stack.start("coordinator", "bench-coordinator")
+
+    def stating(node: str, versions: str) -> BenchResult:
+        plain = result(node, 1.0, request_id=f"req-{node}")
+        check = BenchCheck(name="driver_versions", status="ok", detail=versions)
+        return plain.model_copy(update={"data": plain.data.model_copy(
+            update={"checks": [check]})})
+
+    async def verdict(node: str) -> BenchResult:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            _, event = await next_event(bus, f"safe.bench.{node}.result", 0)
+            if isinstance(event, BenchResult) and event.data.judged_by == "coordinator":
+                return event
+            await asyncio.sleep(0.1)
+        raise AssertionError(f"no verdict on {node}")
+
+    try:
+        await wait_healthy(bus, "bench-coordinator")
+        for i in range(1, 5):
+            await bus.publish(stating(f"n{i}", "amdgpu 6.10.5, rocm 6.3.1"))
+        await verdict("n4")
+        await bus.publish(stating("odd", "amdgpu 6.10.5, rocm 6.2.0"))
+        odd = await verdict("odd")
+        same = await verdict("n4")
+    finally:
+        codes = stack.stop()
+    assert set(codes.values()) == {0}, codes
+    # The catalogue's entry: driver_drift, warning, report: the outcome stands.
+    assert odd.data.outcome == "healthy", odd.data.reason
+    assert "driver_drift (warning): rocm 6.2.0, fleet majority 6.3.1 (4 of 5 nodes)" \
+        in odd.data.reason
+    drift = {c.name: c for c in odd.data.checks}["driver_drift"]
+    assert drift.status == "failed" and drift.detail.endswith("(reported)")
+    assert "driver_drift" not in {c.name for c in same.data.checks}

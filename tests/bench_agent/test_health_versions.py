@@ -127,3 +127,34 @@ def test_tool_missing_timeout_garbage(tmp_path):
 
 def test_on_this_machine():
     assert versions.probe(ProbeContext()).status != "failed"
+
+
+def test_a_rollout_half_done_is_no_majority_to_drift_from():
+    half = [{"rocm": "6.3.1"}] * 4 + [{"rocm": "6.4.0"}] * 4
+    assert versions.drift({"rocm": "6.4.0"}, half, min_share=0.5) == []
+    most = [{"rocm": "6.3.1"}] * 5 + [{"rocm": "6.4.0"}] * 3
+    assert versions.drift({"rocm": "6.4.0"}, most, min_share=0.5) == [
+        "rocm 6.4.0, fleet majority 6.3.1 (5 of 8 nodes)"
+    ]
+
+
+def test_stated_versions_read_back_what_the_probe_states(tmp_path):
+    kernel = versions.probe(ProbeContext(root=amd_tree(tmp_path, amdgpu=None, rocm=None),
+                                         run=Runner({})))
+    assert versions.parse_stated(kernel.detail) == {"amdgpu": "kernel 6.8.0-45-generic"}
+    assert "not read: rocm" in kernel.detail  # the part after "; " is no version
+    both = {"nvidia": "570.158.01", "cuda": "11.7"}
+    assert versions.parse_stated(versions.state(both)) == both
+    assert versions.parse_stated("no version read; not read: cuda (x)") == {}
+
+
+def test_the_bench_run_states_versions_and_never_fails(tmp_path):
+    check = versions.version_check(ProbeContext(root=amd_tree(tmp_path / "a"), run=Runner({})))
+    assert (check.name, check.status, check.detail) == (
+        "driver_versions", "ok", "amdgpu 6.10.5, rocm 6.3.1")
+    (tmp_path / "n/proc/driver/nvidia").mkdir(parents=True)
+    (tmp_path / "n/proc/driver/nvidia/version").write_text("garbage\n")
+    unread = versions.version_check(ProbeContext(root=tmp_path / "n", run=Runner({})))
+    assert unread.status == "skipped" and unread.detail.startswith("no version read; not read:")
+    here = versions.version_check(ProbeContext())
+    assert here.status == "skipped" and "no GPU driver loaded" in here.detail

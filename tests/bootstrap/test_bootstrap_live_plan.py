@@ -19,7 +19,7 @@ from services.bootstrap.app import Bootstrap
 from services.bootstrap.protocol import APPLY
 from services.bootstrap.provision import record_applied, write_files
 from services.bootstrap.render import render
-from tests.bootstrap.kubespray_dir import make_kubespray
+from tests.bootstrap.kubespray_dir import kubespray_args, make_kubespray
 from tests.helpers import run_cli
 
 CP = {"name": "cp-1", "ip": "10.0.0.1", "roles": ["control-plane", "etcd"],
@@ -31,7 +31,7 @@ def worker(name: str, ip: str, **extra: Any) -> dict[str, Any]:
 
 
 def lab(*workers: dict[str, Any], **changes: Any) -> dict[str, Any]:
-    return {"cluster": "lab", "provision": True, "kubernetes": {"version": "v1.30.4"},
+    return {"cluster": "lab", "provision": True, "kubernetes": {"version": "1.34.2"},
             "nodes": [CP, *workers], **changes}
 
 
@@ -64,7 +64,7 @@ async def test_plan_compares_with_the_nodes_bootstrap_knows(
         path = tmp_path / "hosts.yaml"
         path.write_text(yaml.safe_dump(lab(
             worker("gpu-1", "10.0.0.11", labels={"rack": "r2"}, gpu_count=4),
-            worker("gpu-3", "10.0.0.13"), kubernetes={"version": "v1.31.0"})))
+            worker("gpu-3", "10.0.0.13"), kubernetes={"version": "1.34.3"})))
         live_env = {**cli_env, "PRIMUS_NATS_URL": nats_url}
         result = await asyncio.to_thread(run_cli, "bootstrap", "plan", str(path), "--out",
                                          str(out), "--json", env=live_env)
@@ -74,14 +74,14 @@ async def test_plan_compares_with_the_nodes_bootstrap_knows(
             {"node": "gpu-1", "action": "update", "fields": ["labels", "gpu_count"]},
             {"node": "gpu-3", "action": "add", "fields": []},
             {"node": "gpu-2", "action": "remove", "fields": []}]  # known live only
-        assert plan["cluster"] == {"version": {"old": "v1.30.4", "new": "v1.31.0"}}
+        assert plan["cluster"] == {"version": {"old": "1.34.2", "new": "1.34.3"}}
         assert plan["baseline"]["source"] == "live" and plan["baseline"]["nodes"] == 3
 
         text = (await asyncio.to_thread(run_cli, "bootstrap", "plan", str(path), "--out",
                                         str(out), env=live_env)).stdout
         assert "~ node gpu-1 (labels, gpu_count)" in text
         assert "- node gpu-2 after its jobs are moved away" in text
-        assert "~ kubernetes.version: v1.30.4 -> v1.31.0" in text
+        assert "~ kubernetes.version: 1.34.2 -> 1.34.3" in text
         assert f"compared with the live cluster: 3 node(s) bootstrap knows at {nats_url}" in text
 
         offline = {**cli_env, "PRIMUS_NATS_URL": "nats://127.0.0.1:1"}
@@ -118,8 +118,8 @@ async def test_an_invalid_edit_has_no_effect_at_all(
         path.write_text(yaml.safe_dump(lab(worker("gpu-1", "10.0.0.1"),
                                            worker("gpu-3", "10.0.0.13", gpu_model="TPU9"))))
         result = await asyncio.to_thread(
-            run_cli, "bootstrap", "apply", str(path), "--out", str(out), "--kubespray",
-            str(kubespray), "--publish", "-e", "ansible_connection=local",
+            run_cli, "bootstrap", "apply", str(path), "--out", str(out),
+            *kubespray_args(kubespray), "--publish", "-e", "ansible_connection=local",
             "-e", f"ansible_python_interpreter={sys.executable}",
             env={**cli_env, "PRIMUS_NATS_URL": nats_url}, timeout=120)
         assert result.returncode == 1 and "Traceback" not in result.stderr

@@ -25,7 +25,7 @@ from libs.events import parse_event
 from libs.inventory import HostsFile
 from libs.settings import Settings
 from services.bootstrap.app import Bootstrap
-from tests.bootstrap.kubespray_dir import clear, make_kubespray, recorded
+from tests.bootstrap.kubespray_dir import clear, kubespray_args, make_kubespray, recorded
 from tests.helpers import job_record, run_cli
 
 LOCAL = ["-e", f"ansible_python_interpreter={sys.executable}"]
@@ -78,8 +78,9 @@ async def test_removed_node_is_drained_then_removed_by_kubespray_then_announced(
 
     async def apply(*extra: str) -> Any:
         return await asyncio.to_thread(
-            run_cli, "bootstrap", "apply", str(path), "--out", str(out), "--kubespray",
-            str(kubespray), "--publish", "-e", "ansible_connection=local", *LOCAL, *extra,
+            run_cli, "bootstrap", "apply", str(path), "--out", str(out),
+            *kubespray_args(kubespray), "--publish", "-e", "ansible_connection=local", *LOCAL,
+            *extra,
             env=env, timeout=300)
 
     try:
@@ -165,7 +166,7 @@ def test_unreachable_node_is_removed_without_a_reset(
     env = {**cli_env, "PRIMUS_NATS_URL": "nats://127.0.0.1:1"}  # nothing listens there
     path.write_text(yaml.safe_dump(lab(worker("gpu-1", "127.0.0.11"))))
     # The plays themselves are local; only the reachability probe uses SSH.
-    args = ["--out", str(out), "--kubespray", str(kubespray), *LOCAL,
+    args = ["--out", str(out), *kubespray_args(kubespray), *LOCAL,
             "-e", "ansible_ssh_timeout=5"]
     result = run_cli("bootstrap", "apply", str(path), *args, env=env, timeout=300)
     assert result.returncode == 0, result.stderr + result.stdout

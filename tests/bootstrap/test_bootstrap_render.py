@@ -16,13 +16,14 @@ from libs.events import JobSpec, WorkerSlot
 from libs.inventory import HostsFile, local_hosts
 from libs.records import JobRecord
 from services.bootstrap.plan import busy_jobs, describe, make_plan
-from services.bootstrap.render import ADDONS, render
+from services.bootstrap.render import render
+from tests.bootstrap.kubespray_dir import ansible_env, calls, kubespray_args, release_files
 from tests.helpers import ROOT, run_cli
 
 BIN = Path(sys.executable).parent
 HOSTS = {
     "cluster": "lab", "provision": True,
-    "kubernetes": {"version": "v1.30.4", "network_plugin": "cilium"},
+    "kubernetes": {"version": "v1.34.3", "network_plugin": "cilium"},
     "nodes": [
         {"name": "cp-1", "ip": "10.0.0.1", "roles": ["control-plane", "etcd"],
          "gpu_model": "cpu", "gpu_count": 0, "ssh_user": "ubuntu", "ssh_key": "/keys/lab"},
@@ -42,11 +43,11 @@ def test_render_is_stable_and_complete() -> None:
     files = render(hosts())
     assert files == render(hosts())
     assert "inventory/lab/hosts.yaml" in files
-    assert {f"inventory/lab/addons/{a}.values.yaml" for a in ADDONS} <= set(files)
     k8s = yaml.safe_load(files["inventory/lab/group_vars/k8s_cluster/k8s-cluster.yml"])
-    assert k8s["kube_network_plugin"] == "cilium" and k8s["kube_version"] == "v1.30.4"
-    juicefs = yaml.safe_load(files["inventory/lab/addons/juicefs.values.yaml"])
-    assert juicefs["metadataEngine"]["kind"] and juicefs["objectStore"]["bucket"]
+    # Kubespray v2.28 and later write kube_version without the "v".
+    assert k8s["kube_network_plugin"] == "cilium" and k8s["kube_version"] == "1.34.3"
+    assert k8s["cluster_name"] == "lab" and k8s["dns_domain"] == "cluster.local"
+    assert not [p for p in files if "/addons/" in p]  # nothing deploys add-on values
 
 
 def test_ansible_reads_the_rendered_inventory(tmp_path: Path) -> None:
@@ -77,8 +78,7 @@ def test_reapplying_an_edited_file_plans_only_the_differences() -> None:
     plan = make_plan(old, new, old_files=render(old), new_files=render(new))
     assert [(c.node, c.action, c.fields) for c in plan.nodes] == [
         ("gpu-1", "update", ("gpu_count",)), ("gpu-3", "add", ()), ("gpu-2", "remove", ())]
-    assert {f.path for f in plan.files} == {"inventory/lab/hosts.yaml",
-                                            "inventory/lab/addons/amd-gpu-operator.values.yaml"}
+    assert {f.path for f in plan.files} == {"inventory/lab/hosts.yaml"}
     assert "- node gpu-2 after its jobs are moved away" in describe(plan)
     same = make_plan(new, new, old_files=render(new), new_files=render(new))
     assert same.empty and describe(same).startswith("no changes")
@@ -106,8 +106,7 @@ def test_apply_runs_the_playbook_through_ansible_runner(
         tmp_path: Path, cli_env: dict[str, str]) -> None:
     path = tmp_path / "hosts.yaml"
     path.write_text(yaml.safe_dump(HOSTS))
-    kubespray = tmp_path / "kubespray"
-    kubespray.mkdir()
+    kubespray = release_files(tmp_path / "kubespray")
     (kubespray / "cluster.yml").write_text(
         "- hosts: k8s_cluster\n  gather_facts: false\n  tasks:\n"
         "    - name: touch a marker per node\n"
@@ -118,12 +117,17 @@ def test_apply_runs_the_playbook_through_ansible_runner(
     plan = run_cli("bootstrap", "plan", str(path), "--out", str(out), "--json", env=cli_env)
     assert plan.returncode == 0, plan.stderr
     assert len(json.loads(plan.stdout)["nodes"]) == 3 and not out.exists()  # plan writes nothing
-    result = run_cli("bootstrap", "apply", str(path), "--out", str(out), "--kubespray",
-                     str(kubespray), *local, env=cli_env, timeout=240)
+    result = run_cli("bootstrap", "apply", str(path), "--out", str(out),
+                     *kubespray_args(kubespray), *local, env=cli_env, timeout=240)
     assert result.returncode == 0, result.stderr + result.stdout
     assert "touch a marker per node" in result.stdout
     assert "provisioned: cp-1, gpu-1, gpu-2" in result.stdout
-    assert (tmp_path / "gpu-2.done").read_text() == "v1.30.4"
+    assert (tmp_path / "gpu-2.done").read_text() == "1.34.3"
+    # Kubespray's Ansible ran it, with the platform's own off PATH.
+    env_bin = str(ansible_env(kubespray) / "bin")
+    (program, path_var, argv), = [c for c in calls(kubespray) if "cluster.yml" in c[2]]
+    assert program == f"{env_bin}/ansible-playbook" and "cluster.yml" in argv
+    assert path_var.split(":")[0] == env_bin and str(BIN) not in path_var.split(":")
     again = run_cli("bootstrap", "plan", str(path), "--out", str(out), env=cli_env)
     assert again.stdout.startswith("no changes"), again.stdout
 
@@ -139,6 +143,10 @@ def test_bad_input_never_half_applies(tmp_path: Path, cli_env: dict[str, str]) -
     good.write_text(yaml.safe_dump(HOSTS))
     result = run_cli("bootstrap", "apply", str(good), "--out", str(out), "--kubespray",
                      str(tmp_path / "nope"), env=cli_env)
+    assert result.returncode == 1 and "nope: no such directory" in result.stderr
+    no_playbook = release_files(tmp_path / "ks")
+    result = run_cli("bootstrap", "apply", str(good), "--out", str(out),
+                     *kubespray_args(no_playbook), env=cli_env)
     assert result.returncode == 1 and "no cluster.yml there" in result.stderr
     assert not out.exists()
 

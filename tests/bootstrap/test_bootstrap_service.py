@@ -17,6 +17,7 @@ from libs.events import NodeProvisioned, NodeProvisionedData, parse_event
 from libs.inventory import HostsFile, HostSpec, local_hosts
 from libs.settings import Settings
 from services.bootstrap.app import Bootstrap
+from tests.bootstrap.kubespray_dir import kubespray_args, release_files
 from tests.helpers import job_record
 
 
@@ -127,13 +128,12 @@ async def test_apply_publish_tells_the_service(
     path.write_text(yaml.safe_dump({"cluster": "lab", "provision": True, "nodes": [
         {"name": "cp-1", "ip": "10.0.0.1", "roles": ["control-plane", "etcd", "worker"],
          "gpu_model": "cpu", "gpu_count": 0}]}))
-    kubespray = tmp_path / "ks"
-    kubespray.mkdir()
+    kubespray = release_files(tmp_path / "ks")
     (kubespray / "cluster.yml").write_text(
         "- hosts: all\n  gather_facts: false\n  tasks:\n    - ansible.builtin.ping:\n")
     env = {**cli_env, "PRIMUS_NATS_URL": nats_url}
     result = run_cli("bootstrap", "apply", str(path), "--out", str(tmp_path / "out"),
-                     "--kubespray", str(kubespray), "--publish", "-e", "ansible_connection=local",
+                     *kubespray_args(kubespray), "--publish", "-e", "ansible_connection=local",
                      "-e", f"ansible_python_interpreter={sys.executable}", env=env, timeout=240)
     assert result.returncode == 0, result.stderr + result.stdout
     assert ("node.provisioned", "cp-1", "") in await events(bus)

@@ -64,7 +64,7 @@ def steps_for(new: HostsFile, *, exists: bool = True, down: tuple[str, ...] = ()
      [("full", "cluster.yml", None, ("cp-1", "gpu-1", "gpu-2", "cp-2"))]),
     ("a cluster setting change runs the full playbook",
      lab(worker("gpu-1", "10.0.0.11"), worker("gpu-2", "10.0.0.12"), worker("gpu-3", "10.0.0.13"),
-         kubernetes={"version": "v1.31.0"}), {},
+         kubernetes={"version": "1.34.3"}), {},
      [("full", "cluster.yml", None, ("cp-1", "gpu-1", "gpu-2", "gpu-3"))]),
 ])
 def test_playbooks_for_a_change(name: str, new: HostsFile, kwargs: dict[str, Any],

@@ -14,7 +14,12 @@ from pathlib import Path
 
 import pytest
 
-from libs.gpu import ToolOutputError, parse_amd_smi_xgmi_json, xgmi_rates
+from libs.gpu import (
+    ToolOutputError,
+    parse_amd_smi_xgmi_json,
+    parse_amd_smi_xgmi_links,
+    xgmi_rates,
+)
 
 FIXTURES = Path(__file__).parent / "fixtures"
 KB = 1024
@@ -163,3 +168,46 @@ def test_a_counter_that_went_backwards_gives_no_rate() -> None:
     after = {0: (50, 20_000), 1: (20_000, 20_000)}  # GPU 0 was reset
 
     assert xgmi_rates(before, after, elapsed_s=1.0) == {0: None, 1: (10_000.0, 10_000.0)}
+
+
+# ------------------------------------------------------------------ link rates
+
+
+def test_mi300x_link_rates_and_peers() -> None:
+    links = parse_amd_smi_xgmi_links(fixture_text())
+
+    assert sorted(links) == list(range(8))
+    for index, gpu in links.items():
+        # 32 Gb/s per lane, 16 lanes: 512 Gb/s (64 GB/s) per link and direction.
+        assert (gpu.bit_rate_gbps, gpu.link_gbps) == (32.0, 512.0)
+        assert gpu.peers == tuple(i for i in range(8) if i != index)  # a full mesh
+    assert links[5].bdf == "0000:af:00.0"
+
+
+def test_a_peer_whose_counters_read_na_is_no_link() -> None:
+    doc = fixture_doc()
+    # Changed from the recording: GPU 5's entry for GPU 6 as a link that is down.
+    doc[5]["link_metrics"]["links"][6]["read"] = "N/A"
+    doc[5]["link_metrics"]["links"][6]["write"] = "N/A"
+
+    assert parse_amd_smi_xgmi_links(json.dumps(doc))[5].peers == (0, 1, 2, 3, 4, 7)
+
+
+def test_link_rates_in_other_units_and_a_gpu_without_xgmi() -> None:
+    doc = fixture_doc()[:3]
+    doc[0]["link_metrics"]["max_bandwidth"] = {"value": 64, "unit": "GB/s"}  # bytes
+    doc[1]["link_metrics"]["max_bandwidth"] = {"value": 512000, "unit": "Mb/s"}
+    doc[2]["link_metrics"] = "N/A"
+
+    links = parse_amd_smi_xgmi_links(json.dumps({"xgmi_metric": [doc]}))
+
+    assert links[0].link_gbps == 512.0 and links[1].link_gbps == 512.0
+    assert sorted(links) == [0, 1]
+
+
+def test_a_rate_in_an_unknown_unit_is_refused() -> None:
+    doc = fixture_doc()[:1]
+    doc[0]["link_metrics"]["max_bandwidth"] = {"value": 512, "unit": "furlongs"}
+
+    with pytest.raises(ToolOutputError, match="max_bandwidth has unit 'furlongs'"):
+        parse_amd_smi_xgmi_links(json.dumps(doc))

@@ -214,6 +214,8 @@ cluster (so a stream survives the loss of a server), else one.
   value: {{ .Values.config.logLevel | quote }}
 - name: PRIMUS_DRIVER
   value: {{ .Values.config.driver | quote }}
+- name: PRIMUS_K8S_CLUSTER_DOMAIN
+  value: {{ .Values.config.clusterDomain | quote }}
 - name: PRIMUS_LOG_SHIP
   value: {{ .Values.config.logShip | quote }}
 {{- with .Values.config.workerLogs }}
