@@ -254,6 +254,8 @@ def _network_problems(var: Mapping[str, Any], nodes: int) -> list[str]:
         if pods is None or pods.version != family:
             out.append(f"Check that kube_pods_subnet{suffix} is a network range")
             continue
+        # Stricter than Kubespray's ipaddr() test, which only catches a pod
+        # range inside the service range: any overlap breaks routing.
         if services is not None and services.version == family and pods.overlaps(services):  # type: ignore[arg-type]
             out.append(f"Check that kube_pods_subnet{suffix} does not collide with "
                        f"kube_service_addresses{suffix}")
