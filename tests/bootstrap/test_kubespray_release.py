@@ -319,3 +319,26 @@ def test_an_environment_outside_the_releases_ansible_range_is_refused(tmp_path: 
         AnsibleEnv(tmp_path / "empty").check(RELEASES["2.31"])
     path = env.envvars(f"{BIN}:/usr/bin")["PATH"].split(":")
     assert path == [str(venv / "bin"), "/usr/bin"]  # the platform's venv is off PATH
+
+
+def test_the_runner_is_given_the_environments_ansible_first_on_path(tmp_path: Path) -> None:
+    from services.bootstrap.provision import run_playbook
+    from tests.bootstrap.kubespray_dir import ansible_env, calls, make_kubespray
+
+    checkout = make_kubespray(tmp_path / "ks", tmp_path / "record")
+    hosts = HostsFile.model_validate(lab(node("cp-1", "127.0.0.1", "control-plane", "etcd")))
+    for rel, text in render(hosts).items():
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text(text)
+    env = AnsibleEnv(ansible_env(checkout))
+    result = run_playbook(env=env, project_dir=checkout, playbook="cluster.yml",
+                          inventory=tmp_path / "inventory/lab/hosts.yaml",
+                          on_progress=lambda _: None,
+                          extravars={"ansible_connection": "local",
+                                     "ansible_python_interpreter": sys.executable})
+    assert result.rc == 0 and result.ok_hosts == ("cp-1",)
+    # What ansible-runner was told, and what actually ran.
+    assert result.command[0] == "ansible-playbook" and "cluster.yml" in result.command
+    assert result.path.split(":")[0] == str(env.bin) and str(BIN) not in result.path.split(":")
+    ((program, path, argv),) = calls(checkout)
+    assert program == str(env.playbook) and path == result.path and "cluster.yml" in argv
