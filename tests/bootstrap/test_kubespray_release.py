@@ -167,11 +167,7 @@ def test_only_a_change_of_the_first_control_plane_node_is_a_hazard() -> None:
 
 def test_a_new_first_control_plane_node_is_refused_without_the_flag(
         tmp_path: Path, cli_env: dict[str, str]) -> None:
-    out = tmp_path / "out"
-    path = write(tmp_path / "hosts.yaml", lab(*CP, *WORKERS))
-    assert run_cli("bootstrap", "apply", str(path), "--out", str(out),
-                   env=cli_env).returncode == 0
-    _record_applied(path, out)
+    out, path = _built(tmp_path, cli_env)
     write(path, lab(node("aa-cp-4", "10.0.0.4", "control-plane"), *CP, *WORKERS))
     before = sorted(p.read_text() for p in out.rglob("*") if p.is_file())
     result = run_cli("bootstrap", "apply", str(path), "--out", str(out), env=cli_env)
@@ -186,11 +182,17 @@ def test_a_new_first_control_plane_node_is_refused_without_the_flag(
     assert json.loads(result.stdout)["hazards"][0]["flag"] == FIRST_CONTROL_PLANE_FLAG
 
 
-def _record_applied(path: Path, out: Path) -> None:
-    """What a successful provisioning run leaves: the file recorded as applied."""
+def _built(tmp_path: Path, cli_env: dict[str, str]) -> tuple[Path, Path]:
+    """A 3+4-node cluster applied in ``out`` as a successful provisioning run
+    leaves it (the file recorded as applied): (out, the hosts file)."""
     from services.bootstrap.provision import record_applied
 
+    out = tmp_path / "out"
+    path = write(tmp_path / "hosts.yaml", lab(*CP, *WORKERS))
+    assert run_cli("bootstrap", "apply", str(path), "--out", str(out),
+                   env=cli_env).returncode == 0
     record_applied(HostsFile.model_validate(yaml.safe_load(path.read_text())), out)
+    return out, path
 
 
 # ------------------------------------------------------------------ DNS domain
@@ -233,11 +235,7 @@ def test_changing_a_built_clusters_domain_is_a_hazard() -> None:
 
 def test_changing_a_built_clusters_domain_is_refused_without_the_flag(
         tmp_path: Path, cli_env: dict[str, str]) -> None:
-    out = tmp_path / "out"
-    path = write(tmp_path / "hosts.yaml", lab(*CP, *WORKERS))
-    assert run_cli("bootstrap", "apply", str(path), "--out", str(out),
-                   env=cli_env).returncode == 0
-    _record_applied(path, out)
+    out, path = _built(tmp_path, cli_env)
     write(path, lab(*CP, *WORKERS, dns_domain="corp.internal"))
     result = run_cli("bootstrap", "plan", str(path), "--out", str(out), env=cli_env)
     assert result.returncode == 1
