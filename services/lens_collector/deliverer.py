@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import itertools
 import json
 import random
 import time
@@ -76,6 +77,8 @@ CLOSED_SQL = """SELECT count() FROM {db}.alerts WHERE alert_id = {id:String} AND
 MAX_ERROR_CHARS = 500
 RESEND_CHUNK = 500  # alerts per POST to Alertmanager
 ORPHAN_LOOKBACK_S = 86_400.0
+RECORD_RETRY_MAX_S = 30.0  # a row the store refused is tried again at most this far apart
+RECORD_PATIENCE_S = 15.0  # then the log says the store is away
 
 
 class Sent(NamedTuple):
@@ -107,6 +110,9 @@ class Deliverer:
         self.query, self.insert, self.clock = query, insert, clock
         self.rand = rand or random.Random()
         self.orphan_grace_s = orphan_grace_s
+        # Chains are taken over as long as their receiver would still retry.
+        self._lookback_s = max((r.give_up_after_s for r in config.receivers),
+                               default=ORPHAN_LOOKBACK_S)
         self.counts: Counter[str] = Counter()
         self._session: aiohttp.ClientSession | None = None
         self._slots = asyncio.Semaphore(config.concurrency)
@@ -207,7 +213,9 @@ class Deliverer:
         sent = await self._send(d, attempt)
         if sent.ok:
             return self._row(d, attempt, "delivered", sent), None
-        outcome = after_failure(attempt, receiver.max_attempts, sent.status)
+        outcome = after_failure(attempt, receiver.max_attempts, sent.status,
+                                age_s=self.clock() - alert.at,
+                                give_up_after_s=receiver.give_up_after_s)
         if outcome == "gave_up":
             self._log.error("alert not delivered: gave up", receiver=receiver.name,
                             alert_id=alert.alert_id, attempts=attempt, error=sent.error)
@@ -267,16 +275,25 @@ class Deliverer:
         return [values[c] for c in DELIVERY_COLUMNS]
 
     async def _record(self, rows: list[list[Any]]) -> None:
-        """Insert from a background chain: the store may be away a moment."""
-        for wait in (0.5, 1, 2, 4, 8, None):
+        """Insert from a background chain, until the store takes it: the
+        outcome of an attempt is never dropped while this process lives (the
+        chain's next attempt of the same alert waits its turn meanwhile; one
+        that stops first leaves the last recorded row, which a take-over
+        resends under the same delivery id)."""
+        waited = 0.0
+        for attempt in itertools.count():
             try:
                 await self.insert(rows, _token(rows))
+                if waited >= RECORD_PATIENCE_S:
+                    self._log.info("delivery outcome recorded late", delivery_id=rows[0][1],
+                                   waited_s=round(waited, 1))
                 return
             except Exception as exc:
-                if wait is None:
-                    self._log.error("delivery outcome not recorded", error=repr(exc),
-                                    delivery_id=rows[0][1])
-                    return
+                wait = min(RECORD_RETRY_MAX_S, 0.5 * 2 ** attempt)
+                if waited < RECORD_PATIENCE_S <= waited + wait:
+                    self._log.error("delivery outcome not recorded yet; still trying",
+                                    error=repr(exc), delivery_id=rows[0][1])
+                waited += wait
                 await asyncio.sleep(wait)
 
     # ----------------------------------------------------------------- look-ups
@@ -397,7 +414,7 @@ class Deliverer:
         its next attempt is ``orphan_grace_s`` overdue."""
         now = self.clock()
         rows = await self.query(ORPHANS_SQL, {
-            "since": int((now - ORPHAN_LOOKBACK_S) * 1000),
+            "since": int((now - self._lookback_s) * 1000),
             "stale": int((now - self.orphan_grace_s) * 1000)})
         for did, name, attempt, event_json in rows:
             if did in self._inflight or not event_json:

@@ -260,7 +260,13 @@ def retry_delay(attempt: int, backoff: Backoff, rand: random.Random | None = Non
     return max(0.0, base * (1 + spread))
 
 
-def after_failure(attempt: int, max_attempts: int, status: int | None) -> Outcome:
+def after_failure(attempt: int, max_attempts: int | None, status: int | None, *,
+                  age_s: float = 0.0, give_up_after_s: float = float("inf")) -> Outcome:
     """What a failed attempt is recorded as: ``failed`` (another try comes) or
-    ``gave_up``."""
-    return "failed" if retryable(status) and attempt < max_attempts else "gave_up"
+    ``gave_up``: the request itself is wrong, the attempts are spent, or the
+    transition (``age_s`` old) is older than ``give_up_after_s``. Without
+    ``max_attempts`` a receiver that is away is tried until it is back: an
+    outage of a webhook loses no alert, only delays it."""
+    if not retryable(status) or age_s >= give_up_after_s:
+        return "gave_up"
+    return "failed" if max_attempts is None or attempt < max_attempts else "gave_up"

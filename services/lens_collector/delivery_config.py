@@ -110,8 +110,15 @@ class Receiver(BaseModel):
     secret: SecretSource | None = Field(
         default=None, description="webhook: where the HMAC-SHA256 signing secret is read")
     timeout_s: float = Field(default=5.0, gt=0, le=120)
-    max_attempts: int = Field(default=5, ge=1, le=100,
-                              description="tries per alert transition, the first included")
+    max_attempts: int | None = Field(
+        default=None, ge=1, le=10_000,
+        description="tries per alert transition, the first included; unset: a receiver "
+        "that is away (refused, timed out, 408, 429, 5xx) is tried until it answers, "
+        "for up to give_up_after_s")
+    give_up_after_s: float = Field(
+        default=86_400.0, gt=0, le=7 * 86_400,
+        description="a transition still undelivered this long after it happened is given "
+        "up (its alert is stale by then)")
     backoff: Backoff = Backoff()
 
     @field_validator("url")

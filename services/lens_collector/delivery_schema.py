@@ -3,7 +3,7 @@ transition to a receiver, and its outcome.
 
 One row per attempt, after a ``queued`` row (attempt 0) written before the
 event is acked: ``delivered`` (2xx), ``failed`` (another try comes at
-``next_attempt_at``), ``gave_up`` (out of attempts, or a 4xx that no retry
+``next_attempt_at``), ``gave_up`` (out of attempts or time, or a 4xx that no retry
 fixes) or ``silenced`` (an active Alertmanager silence covers the alert:
 not sent). ``cause`` says why it was sent: the alert's ``transition``
 (opened, closed), the periodic ``resend`` of open alerts to Alertmanager

@@ -164,6 +164,40 @@ async def _scraped(stack: EmbeddedStack, prom: Prometheus, tmp_path: Path) -> No
         queue = prom.query("primus_scheduler_leader")
         assert [float(q["value"][1]) for q in queue] == [1.0]
 
+        # Each service's domain figures, by their values: both nodes ready in
+        # bootstrap, both onboarding benches judged healthy by the coordinator,
+        # the collector's insert latency and batch sizes, the scheduler's cycles.
+        def value(expr: str) -> float:
+            rows = prom.query(expr)
+            return float(rows[0]["value"][1]) if rows else 0.0
+
+        def domain() -> dict[str, float]:
+            got = {expr: value(expr) for expr in (
+                'primus_bootstrap_nodes{state="ready"}',
+                'sum(primus_bench_verdicts_total{outcome="healthy"})',
+                'sum(primus_lens_store_seconds_count{kind="telemetry"})',
+                "sum(primus_lens_telemetry_batch_messages_count)",
+                "sum(primus_lens_telemetry_batch_messages_sum)",
+                "sum(primus_scheduler_cycle_seconds_count)")}
+            seen.update(domain=got)
+            return got
+
+        def domain_figures() -> bool:
+            got = domain()
+            return got['primus_bootstrap_nodes{state="ready"}'] == 2 \
+                and got['sum(primus_bench_verdicts_total{outcome="healthy"})'] >= 2 \
+                and all(v > 0 for v in got.values())
+
+        try:
+            await until(lambda: asyncio.to_thread(domain_figures), "the domain figures",
+                        timeout=60)
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}: {seen.get('domain')}") from None
+        # A batch holds at least one message: its size sum is at least its count.
+        got = domain()
+        assert got["sum(primus_lens_telemetry_batch_messages_sum)"] >= \
+            got["sum(primus_lens_telemetry_batch_messages_count)"]
+
         # The Prometheus dashboard: every panel's PromQL, as Grafana sends it,
         # returns series from this Prometheus (rates need a few scrapes).
         def empty_panels() -> list[str]:

@@ -34,6 +34,7 @@ from services.lens_collector.delivery import (
 from services.lens_collector.delivery_config import (
     Backoff,
     DeliveryConfig,
+    Receiver,
     load_delivery,
     parse_matcher,
 )
@@ -165,6 +166,15 @@ def test_retry_schedule_is_exponential_capped_and_jittered() -> None:
     assert after_failure(3, 3, 503) == "gave_up"  # out of attempts
     assert after_failure(1, 3, 400) == "gave_up"  # the request is wrong: no retry fixes it
     assert after_failure(1, 3, 429) == "failed"
+
+
+def test_without_max_attempts_a_receiver_that_is_away_is_tried_until_the_alert_is_stale(
+        ) -> None:
+    assert after_failure(1000, None, None, age_s=3600, give_up_after_s=86_400) == "failed"
+    assert after_failure(50, None, 503, age_s=86_399, give_up_after_s=86_400) == "failed"
+    assert after_failure(51, None, 503, age_s=86_400, give_up_after_s=86_400) == "gave_up"
+    assert after_failure(1, None, 404, age_s=0, give_up_after_s=86_400) == "gave_up"
+    assert Receiver(name="r", kind="alertmanager", url="http://am:9093").max_attempts is None
 
 
 def test_silences_from_the_api_cover_matching_alerts() -> None:

@@ -190,6 +190,49 @@ async def test_a_webhook_gets_the_signed_payload_once_after_a_failed_delivery(
         await runner.cleanup()
 
 
+async def test_a_webhook_away_for_many_attempts_gets_the_alert_when_it_is_back(
+        nats_url: str, clickhouse_dsn: str, database: str, bus: Bus, tmp_path: Path) -> None:
+    """No max_attempts (the default): a receiver that is down is tried until
+    it answers, so an outage longer than any fixed number of attempts delays
+    the alert and loses nothing."""
+    got: list[bytes] = []
+
+    async def hook(request: web.Request) -> web.Response:
+        got.append(await request.read())
+        return web.Response(status=204)
+
+    port = free_port()
+    secret = tmp_path / "hmac"
+    secret.write_text("s")
+    path = receivers_file(tmp_path, {
+        "name": "ops", "kind": "webhook", "url": f"http://127.0.0.1:{port}/hook",
+        "secret": {"file": str(secret)}, "timeout_s": 1,
+        "backoff": {"initial_s": 0.1, "max_s": 0.3, "jitter": 0}})
+    app = web.Application()
+    app.router.add_post("/hook", hook)
+    runner = web.AppRunner(app)
+    try:
+        async with running_collector(nats_url, clickhouse_dsn, database, evaluate_alerts=False,
+                                     alert_receivers=path) as (service, _):
+            event = alert_event("gpu-away")
+            await bus.publish(event)
+            await until(lambda: _outcomes(service, "failed", 8), "eight refused attempts",
+                        timeout=30)
+            await runner.setup()  # the receiver is back
+            await web.TCPSite(runner, "127.0.0.1", port).start()
+            [done] = await until(lambda: _outcomes(service, "delivered", 1), "the delivery",
+                                 timeout=30)
+            await asyncio.sleep(1.0)  # nothing more comes
+            assert len(got) == 1 and json.loads(got[0])["alert"]["id"] == event.data.alert_id
+            chain = await deliveries(service)
+            assert chain[0]["outcome"] == "queued" and chain[-1] == done
+            assert {r["outcome"] for r in chain[1:-1]} == {"failed"}
+            assert done["attempt"] == len(chain) - 1 > 8
+            assert not [r for r in chain if r["outcome"] == "gave_up"]
+    finally:
+        await runner.cleanup()
+
+
 async def test_an_unreachable_alertmanager_is_retried_recorded_and_the_loop_goes_on(
         nats_url: str, clickhouse_dsn: str, database: str, bus: Bus, tmp_path: Path) -> None:
     path = receivers_file(tmp_path, {

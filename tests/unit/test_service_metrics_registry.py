@@ -3,14 +3,18 @@ instruments made once and scrape-time sources that cannot break the page."""
 
 from __future__ import annotations
 
+import socket
 import urllib.request
 from collections.abc import Iterator
 
 import pytest
+import structlog
 from prometheus_client.core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
 from libs.metrics import ServiceMetrics, gauge_family, settled, subject_label
+from libs.service import _serve_metrics
+from libs.settings import Settings
 
 
 def families(metrics: ServiceMetrics) -> dict[str, Metric]:
@@ -76,3 +80,19 @@ def test_served_on_a_free_port_and_closed() -> None:
         metrics.close()
     with pytest.raises(OSError):
         urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2)
+
+
+def test_switched_off_nothing_is_served_and_a_taken_port_is_not_fatal() -> None:
+    log = structlog.get_logger()
+    assert _serve_metrics("scheduler", Settings(metrics=False), None, log) is None
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with structlog.testing.capture_logs() as logs:
+            metrics = _serve_metrics("scheduler", Settings(metrics_host="127.0.0.1",
+                                                           metrics_port=port), None, log)
+        assert metrics is not None  # the figures are kept; the service starts anyway
+        metrics.close()
+    [warning] = [e for e in logs if e["event"] == "metrics not served"]
+    assert warning["port"] == port and "PRIMUS_METRICS_PORT" in warning["fix"]
