@@ -92,6 +92,13 @@ SUSPECT_RECHECK_S = 2.0  # how often a silent node whose workers ran is asked ag
 CHECK_PERIOD_S = 0.05  # how often silence is judged
 
 
+def judge_period_s(interval_s: float) -> float:
+    """How often silence is judged: twenty times a second, and at least four
+    times per beat interval (so the judge's look-ahead, two periods, stays
+    within half an interval)."""
+    return min(CHECK_PERIOD_S, interval_s / 4)
+
+
 def load_rules(path: Path | None) -> FailoverRules:
     return FailoverRules() if path is None else load_model(path, FailoverRules)
 
@@ -110,8 +117,13 @@ class Failover:
     routes = ROUTES
 
     def __init__(self, settings: Settings, *, nodes: NodeDriver | None = None) -> None:
+        # The judge looks every judge_period_s: it calls a silence up to two
+        # looks early (one for the look, one for its own delay under load), so
+        # a node is faulted within interval x missed of its last beat, not
+        # after it: 1 s beats and 3 missed find a dead node within 3 s.
         self.monitor = HeartbeatMonitor(settings.heartbeat_interval_s, settings.heartbeat_missed,
-                                        first_beat_grace_s=settings.heartbeat_first_grace_s)
+                                        first_beat_grace_s=settings.heartbeat_first_grace_s,
+                                        lead_s=2 * judge_period_s(settings.heartbeat_interval_s))
         self.book = FaultBook(load_rules(settings.failover_rules))
         self._figures: FailoverFigures | None = None
         self.placements: dict[str, tuple[int, set[str]]] = {}  # job -> (attempt, nodes)
@@ -298,8 +310,9 @@ class Failover:
     async def _watch(self) -> None:
         assert self.bus is not None
         # A check costs the silent nodes only (rules.HeartbeatMonitor.check):
-        # twenty a second keep detection within 50 ms of the deadline.
-        period = min(CHECK_PERIOD_S, self.monitor.interval_s / 2)
+        # twenty a second, looking two ahead, open a fault 0.05-0.1 s before
+        # the deadline (the monitor's lead_s).
+        period = judge_period_s(self.monitor.interval_s)
         while True:
             planned = time.monotonic() + period
             await asyncio.sleep(period)

@@ -2,6 +2,9 @@
 
 ``HeartbeatMonitor`` remembers when each node last beat and answers which
 nodes are overdue: a node is down after ``missed`` intervals without a beat.
+The judge looks at intervals of its own (``lead_s``): a silence that would
+pass the deadline before its next look is called at this one, so a fault
+opens by the deadline, never up to a look later.
 A node that has never beaten is timed from its registration, so an agent that
 never starts is caught too, but with ``first_beat_grace_s`` rather than the
 beat deadline: an agent starting on a busy machine (imports, device probes)
@@ -44,6 +47,11 @@ class HeartbeatMonitor:
     quiet_until: dict[str, float] = field(default_factory=dict)  # announced agent stops
     unknown_beats: dict[str, int] = field(default_factory=dict)  # never registered: ignored
     stall_s: float = 0.5  # a check this late means the judge itself was not listening
+    lead_s: float = 0.0  # call a silence this early: the judge's time to its next look
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.lead_s < self.interval_s:
+            raise ValueError(f"lead_s must be in [0, interval_s), got {self.lead_s}")
 
     @property
     def deadline_s(self) -> float:
@@ -102,16 +110,17 @@ class HeartbeatMonitor:
             self.blind(now)
             return []
         found = []
+        now_ahead = now + self.lead_s  # what the next look would see
         for node, seen in self.last_seen.items():
             overdue = now - seen
-            if overdue <= self.deadline_s:
+            if now_ahead - seen <= self.deadline_s:
                 break  # every node after it was heard later still
             if node in self.down:
                 continue
             deadline = max(self.deadline_s, self.first_beat_grace_s) if node in self.unheard \
                 else self.deadline_s
             heard_from = max(seen, self.deaf_until, self.quiet_until.get(node, seen))
-            if now - heard_from > deadline:
+            if now_ahead - heard_from > deadline:
                 self.down.add(node)
                 found.append(MissedHeartbeat(node, seen, overdue))
         return found

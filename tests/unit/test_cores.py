@@ -91,6 +91,34 @@ def test_heartbeat_out_of_order_beats_do_not_move_time_back() -> None:
     assert mon.check(11.5) == []
     assert [m.node for m in mon.check(12.1)] == ["a"]
 
+def test_a_judge_looking_ahead_faults_by_the_deadline_not_a_look_after() -> None:
+    """Looking every 0.05 s with lead_s=0.1, a silence is called at the last
+    look before the deadline: the fault is never later than interval x
+    missed after the last beat (a node killed just after a beat is found
+    within 3 s), and never more than the lead earlier."""
+    mon = HeartbeatMonitor(interval_s=1.0, missed=3, lead_s=0.1)
+    mon.watch("a", 0.0, heard=True)
+    mon.beat("a", 10.0)
+    looks = [10.0 + k * 0.05 for k in range(100)]
+    [at] = [t for t in looks if mon.check(t)]
+    assert 12.9 < at <= 13.0
+    mon.beat("a", 20.0)  # back; a pause and a blind spell are judged alike
+    mon.pause("a", until=30.0)
+    assert mon.check(32.85) == []
+    assert [m.node for m in mon.check(32.95)] == ["a"]
+    # Without the lead, the same looks find it a look after the deadline.
+    late = HeartbeatMonitor(interval_s=1.0, missed=3)
+    late.watch("a", 0.0, heard=True)
+    late.beat("a", 10.0)
+    assert [t for t in looks if late.check(t)][0] > 13.0
+
+
+@pytest.mark.parametrize("lead", [-0.1, 1.0, 2.0])
+def test_a_lead_of_a_whole_interval_or_negative_is_refused(lead: float) -> None:
+    with pytest.raises(ValueError, match="lead_s"):
+        HeartbeatMonitor(interval_s=1.0, missed=3, lead_s=lead)
+
+
 
 def test_bench_verdicts() -> None:
     assert judge_quick(device_count=8, expected_devices=8, gemm_tflops=100, gemm_error=1e-4).passed
