@@ -168,6 +168,10 @@ def gauge_family(name: str, documentation: str, labels: Sequence[str],
     """A gauge family read at scrape time: ``values`` are (label values, value)."""
     family = GaugeMetricFamily(f"{PREFIX}_{name}", documentation, labels=list(labels))
     for label_values, value in values:
+        # A bare string would be taken letter by letter ("ready" as "r").
+        if isinstance(label_values, str) or len(label_values) != len(labels):
+            raise ValueError(f"{name}: label values {label_values!r} do not match the labels "
+                             f"{tuple(labels)}; give a tuple of {len(labels)}")
         family.add_metric([str(v) for v in label_values], float(value))
     return family
 

@@ -490,7 +490,7 @@ class Bootstrap:
         def families() -> Iterator[Metric]:
             records = settled(lambda: list(self.nodes.values()))
             yield gauge_family("bootstrap_nodes", "nodes by onboarding state", ("state",),
-                               Counter(r.state for r in records).items())
+                               Counter((r.state,) for r in records).items())
             yield gauge_family("bootstrap_nodes_cordoned", "nodes an operator holds", (),
                                [((), sum(r.cordoned for r in records))])
             yield gauge_family("bootstrap_nodes_degraded", "nodes benched below their fleet",

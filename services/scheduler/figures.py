@@ -62,7 +62,7 @@ def scheduler_families(state: SchedulerState, *, leading: bool,
     yield gauge_family("scheduler_jobs", "jobs the scheduler keeps, by status",
                        ("workspace", "status"), by_status.items())
     yield gauge_family("scheduler_nodes", "nodes by onboarding state", ("state",),
-                       Counter(n.state for n in nodes).items())
+                       Counter((n.state,) for n in nodes).items())
     held = sum(len(held) for held in reservations)
     yield gauge_family("scheduler_reserved_nodes",
                        "nodes held for a waiting gang (reservations)", (), [((), held)])

@@ -165,8 +165,10 @@ async def _scraped(stack: EmbeddedStack, prom: Prometheus, tmp_path: Path) -> No
         assert [float(q["value"][1]) for q in queue] == [1.0]
 
         # Each service's domain figures, by their values: both nodes ready in
-        # bootstrap, both onboarding benches judged healthy by the coordinator,
-        # the collector's insert latency and batch sizes, the scheduler's cycles.
+        # bootstrap and in the scheduler's view, both agents' onboarding bench
+        # healthy (the embedded stack onboards with the quick level, which the
+        # agent judges itself), the collector's insert latency and batch sizes,
+        # the scheduler's cycles.
         def value(expr: str) -> float:
             rows = prom.query(expr)
             return float(rows[0]["value"][1]) if rows else 0.0
@@ -174,7 +176,8 @@ async def _scraped(stack: EmbeddedStack, prom: Prometheus, tmp_path: Path) -> No
         def domain() -> dict[str, float]:
             got = {expr: value(expr) for expr in (
                 'primus_bootstrap_nodes{state="ready"}',
-                'sum(primus_bench_verdicts_total{outcome="healthy"})',
+                'primus_scheduler_nodes{state="ready"}',
+                'sum(primus_bench_results_total{outcome="healthy"})',
                 'sum(primus_lens_store_seconds_count{kind="telemetry"})',
                 "sum(primus_lens_telemetry_batch_messages_count)",
                 "sum(primus_lens_telemetry_batch_messages_sum)",
@@ -185,7 +188,8 @@ async def _scraped(stack: EmbeddedStack, prom: Prometheus, tmp_path: Path) -> No
         def domain_figures() -> bool:
             got = domain()
             return got['primus_bootstrap_nodes{state="ready"}'] == 2 \
-                and got['sum(primus_bench_verdicts_total{outcome="healthy"})'] >= 2 \
+                and got['primus_scheduler_nodes{state="ready"}'] == 2 \
+                and got['sum(primus_bench_results_total{outcome="healthy"})'] >= 2 \
                 and all(v > 0 for v in got.values())
 
         try:

@@ -96,3 +96,10 @@ def test_switched_off_nothing_is_served_and_a_taken_port_is_not_fatal() -> None:
         metrics.close()
     [warning] = [e for e in logs if e["event"] == "metrics not served"]
     assert warning["port"] == port and "PRIMUS_METRICS_PORT" in warning["fix"]
+
+
+@pytest.mark.parametrize("values", [[("ready", 2)], [(("ready", "extra"), 2)]])
+def test_a_gauge_refuses_label_values_that_do_not_match_its_labels(values: list) -> None:
+    """A bare string would be split into letters: the state "ready" shown as "r"."""
+    with pytest.raises(ValueError, match="give a tuple of 1"):
+        gauge_family("nodes", "nodes by state", ("state",), values)
