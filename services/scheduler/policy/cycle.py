@@ -15,7 +15,9 @@ goes on); in a ``balance`` queue later jobs may backfill. Either way the
 first blocked job of each queue gets a reservation (see ``reservation``) so
 jobs behind it and jobs of other queues cannot take the capacity it waits
 for, and a workspace quota keeps room for its first quota-blocked job. When
-the nodes held for a job last cycle can hold it, it starts there first.
+the nodes held for a job last cycle can hold it, it starts there first;
+then jobs that fill whole nodes start on wholly free ones, before smaller
+jobs of higher priority could break those nodes up (balance queues only).
 """
 
 from __future__ import annotations
@@ -108,6 +110,7 @@ class Cycle:
 
         def run() -> None:
             self._honour_drains()
+            self._whole_nodes_first()
             for job in self.queue:
                 if job.id not in self.outcomes:
                     self.decide(job)
@@ -136,6 +139,54 @@ class Cycle:
             if found is not None:
                 self._commit(allowed, found, PLACED)
                 self.outcomes[owner] = Outcome("placed")
+
+    def _whole_nodes_first(self) -> None:
+        """Jobs whose every slot fills a whole node start first, in queue
+        order, on nodes that are wholly free now (no preemption, no holds).
+
+        Such a job can use nothing else, while a smaller job (placed
+        fragmentation-aware) only opens a free node when no partly used one
+        has room. Decided strictly by priority, the stream of small
+        high-priority jobs took each node as it emptied, stranding most of
+        its GPUs, and the gangs behind them waited for another node to
+        drain: on the Alibaba trace replays, 8-GPU tasks waited up to twice
+        as long as under FIFO first-fit and more free GPUs sat on partly
+        used nodes. Now the smaller job takes the next GPU that frees up
+        on any node instead. FIFO queues keep strict order, so their jobs
+        wait for their turn. A gang of several nodes that does not fit
+        finds some wholly free nodes but not enough: the jobs of its queue
+        that compete with it for a GPU model then wait for the main pass,
+        where it holds capacity before anything behind it may backfill. (A
+        one-node job that does not fit finds no wholly free node of its
+        models: those behind it cannot take one it could use.)"""
+        st = self.state
+        stopped: dict[str, set[str]] = {}
+        for job in self.queue:
+            if job.id in self.outcomes:
+                continue
+            ws = st.workspaces.get(job.workspace)
+            if ws is None or ws.queue_policy == "fifo":
+                continue
+            req = self._request(job)
+            if isinstance(req, Outcome) \
+                    or req.slot_gpus < max(st.model_max_gpus[m] for m in req.models):
+                continue
+            blocked = stopped.setdefault(job.workspace, set())
+            if not blocked.isdisjoint(req.models):
+                continue
+            allowed, _ = quota.within(st, req, self._quota_reserved)
+            found: Found | Shortfall | None = None
+            if allowed is not None and not self._known_failure("free", allowed) \
+                    and st.free_gpus(allowed.models, allowed.pools) >= allowed.need:
+                found = find_placement(st, allowed)
+            if allowed is not None and isinstance(found, Found):
+                self._commit(allowed, self._steer(allowed, found), PLACED)
+                self.outcomes[job.id] = Outcome("placed")
+                continue
+            if allowed is not None and found is not None:
+                self._remember_failure("free", allowed)
+            if req.slots > 1:
+                blocked.update(req.models)
 
     def decide(self, job: Job) -> str:
         """Nominate, place tentatively, commit or block one job; its code."""
