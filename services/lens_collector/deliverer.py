@@ -60,7 +60,7 @@ from services.lens_collector.delivery import (
     silenced_by,
     webhook_body,
 )
-from services.lens_collector.delivery_config import DeliveryConfig, Receiver
+from services.lens_collector.delivery_config import Backoff, DeliveryConfig, Receiver
 from services.lens_collector.delivery_schema import CHAINS_SQL, DELIVERY_COLUMNS, ORPHANS_SQL
 
 Query = Callable[[str, dict[str, Any]], Awaitable[list[tuple[Any, ...]]]]
@@ -77,7 +77,8 @@ CLOSED_SQL = """SELECT count() FROM {db}.alerts WHERE alert_id = {id:String} AND
 MAX_ERROR_CHARS = 500
 RESEND_CHUNK = 500  # alerts per POST to Alertmanager
 ORPHAN_LOOKBACK_S = 86_400.0
-RECORD_RETRY_MAX_S = 30.0  # a row the store refused is tried again at most this far apart
+# A row the store refused is inserted again after 0.5, 1, 2, ... s, at most 30 s apart.
+RECORD_BACKOFF = Backoff(initial_s=0.5, multiplier=2, max_s=30, jitter=0)
 RECORD_PATIENCE_S = 15.0  # then the log says the store is away
 
 
@@ -281,7 +282,7 @@ class Deliverer:
         that stops first leaves the last recorded row, which a take-over
         resends under the same delivery id)."""
         waited = 0.0
-        for attempt in itertools.count():
+        for attempt in itertools.count(1):
             try:
                 await self.insert(rows, _token(rows))
                 if waited >= RECORD_PATIENCE_S:
@@ -289,7 +290,7 @@ class Deliverer:
                                    waited_s=round(waited, 1))
                 return
             except Exception as exc:
-                wait = min(RECORD_RETRY_MAX_S, 0.5 * 2 ** attempt)
+                wait = retry_delay(attempt, RECORD_BACKOFF)
                 if waited < RECORD_PATIENCE_S <= waited + wait:
                     self._log.error("delivery outcome not recorded yet; still trying",
                                     error=repr(exc), delivery_id=rows[0][1])

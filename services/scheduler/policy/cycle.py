@@ -175,16 +175,9 @@ class Cycle:
             if not blocked.isdisjoint(req.models):
                 continue
             allowed, _ = quota.within(st, req, self._quota_reserved)
-            found: Found | Shortfall | None = None
-            if allowed is not None and not self._known_failure("free", allowed) \
-                    and st.free_gpus(allowed.models, allowed.pools) >= allowed.need:
-                found = find_placement(st, allowed)
-            if allowed is not None and isinstance(found, Found):
-                self._commit(allowed, self._steer(allowed, found), PLACED)
+            if allowed is not None and self._place_free(allowed):
                 self.outcomes[job.id] = Outcome("placed")
                 continue
-            if allowed is not None and found is not None:
-                self._remember_failure("free", allowed)
             if req.slots > 1:
                 blocked.update(req.models)
 
@@ -253,14 +246,10 @@ class Cycle:
         """Free GPUs first; then GPUs held for a head job the job will have
         left before; then GPUs that preempted jobs are releasing (wait)."""
         st = self.state
+        if self._place_free(req):
+            return Outcome("placed")
         need = req.need
         free = st.free_gpus(req.models, req.pools)
-        if free >= need and not self._known_failure("free", req):
-            found = find_placement(st, req)
-            if isinstance(found, Found):
-                self._commit(req, self._steer(req, found), PLACED)
-                return Outcome("placed")
-            self._remember_failure("free", req)
         lend: list[Hold] = []
         runtime = req.job.expected_runtime_s
         if runtime is not None:
@@ -278,6 +267,20 @@ class Cycle:
                 return Outcome("waiting", explain.waiting(owners)) if owners else Outcome("placed")
             self._remember_failure("term", req)
         return None
+
+    def _place_free(self, req: Request) -> bool:
+        """Place ``req`` on GPUs free now (nothing held lent, nobody
+        preempted), steered off nodes drained for others; False if it does
+        not fit (remembered for the cycle, so its shape is not tried again)."""
+        st = self.state
+        if st.free_gpus(req.models, req.pools) < req.need or self._known_failure("free", req):
+            return False
+        found = find_placement(st, req)
+        if isinstance(found, Found):
+            self._commit(req, self._steer(req, found), PLACED)
+            return True
+        self._remember_failure("free", req)
+        return False
 
     def _carried_reservations(self, snapshot: Snapshot) -> dict[str, list[int]]:
         """Last cycle's reservations whose owner still waits: node indices."""
