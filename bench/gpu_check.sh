@@ -1,18 +1,22 @@
 #!/usr/bin/env bash
-# One prepared check of a GPU machine, under 7 minutes:
-#   1. on every GPU, one at a time: GEMM 8192x8192 in bf16, fp16, fp32,
-#      int8 and fp8 (where the GPU has the kernel) and HBM copy/triad (<= 300 s)
-#   2. all-reduce, all-gather and all-to-all bus bandwidth (64 MiB, 1 GiB) over every GPU of
-#      the machine (torchrun, NCCL on CUDA / RCCL on ROCm), held against
-#      what the GPUs' XGMI / NVLink / PCIe links allow (the
-#      intranode_link_rate line; services/bench/link_rates.py)  (<= 120 s)
-#   3. each figure, per GPU and the weakest GPU's as the node's, as a share
-#      of the device's published peak
-#      (peaks and their vendor sources: services/bench/gpu_peaks.py)
+# One prepared check of a GPU machine (minutes on an 8-GPU node):
+#   1. the bench agent's standard level, as it runs at onboarding: on every
+#      GPU one at a time, GEMM in bf16, fp16, fp32, int8 and fp8 (where the
+#      GPU has the kernel) at 4096 and 8192, and HBM copy/triad; the trial
+#      training step on all GPUs at once; all-reduce, all-gather and
+#      all-to-all bus bandwidth up to 1 GiB over every GPU, held against what
+#      the GPUs' XGMI / NVLink / PCIe links allow; the driver versions
+#   2. every node-health catalogue probe once (RDMA, PCIe, kernel log, GPU
+#      RAS, mounts, NVMe, host settings, versions): "not applicable" where
+#      the machine has nothing to check
+#   3. a per-GPU table, each node figure (its weakest GPU's) as a share of
+#      the device's published peak (services/bench/gpu_peaks.py) and against
+#      the default floors, and every check
 # Ends with one JSON line of the figures (baseline = peak, ratio = share).
 #
-#   bench/gpu_check.sh            # PYTHON=... to choose the interpreter
-#   OUT=/tmp/gpu-check bench/gpu_check.sh   # keep the per-step JSON files
+#   bench/gpu_check.sh                        # PYTHON=... to choose the interpreter
+#   OUT=/tmp/gpu-check bench/gpu_check.sh     # keep the step files
+#   LEVEL_ARGS="--sizes 8192 --dtypes bf16" bench/gpu_check.sh
 set -uo pipefail
 
 cd "$(dirname "$0")/.." || exit 2
@@ -31,23 +35,21 @@ fi
 echo "gpu_check: $NGPU GPU(s); results in $OUT"
 
 status=0
-echo "== GEMM bf16/fp16/fp32/int8/fp8 8192 and HBM on each of $NGPU GPU(s)"
-if ! timeout --signal=TERM --kill-after=10 300 "$PY" -m services.bench.gpu_check gemm --out "$OUT/gemm.json"; then
-    echo "gpu_check: GEMM step failed or timed out" >&2
+echo "== standard level on $NGPU GPU(s)"
+# shellcheck disable=SC2086  # LEVEL_ARGS is a list of options
+if ! timeout --signal=TERM --kill-after=10 $((240 + 60 * NGPU)) \
+        "$PY" -m services.bench.gpu_check level --out "$OUT/level.json" ${LEVEL_ARGS:-}; then
+    echo "gpu_check: the standard level failed, did not judge the node healthy, or timed out" >&2
     status=1
 fi
 
-if [ "$NGPU" -ge 2 ]; then
-    echo "== all-reduce / all-gather / all-to-all over $NGPU GPUs"
-    if ! timeout --signal=TERM --kill-after=10 120 "$PY" -m torch.distributed.run --standalone \
-            --nproc-per-node "$NGPU" -m services.bench.gpu_check collectives --out "$OUT/collectives.json"; then
-        echo "gpu_check: collectives step failed or timed out" >&2
-        status=1
-    fi
-else
-    echo "== one GPU: no intra-node collectives to measure"
+echo "== node-health catalogue"
+if ! timeout --signal=TERM --kill-after=10 300 "$PY" -m services.bench.gpu_check health \
+        --out "$OUT/health.json"; then
+    echo "gpu_check: a health probe failed, or the catalogue timed out" >&2
+    status=1
 fi
 
-echo "== share of published peak"
+echo "== per GPU, share of published peak, floors and checks"
 "$PY" -m services.bench.gpu_check report "$OUT" || status=1
 exit $status

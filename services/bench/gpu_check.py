@@ -1,92 +1,129 @@
-"""The steps of ``bench/gpu_check.sh``: large GEMMs and HBM bandwidth on
-every GPU, the intra-node collectives over every GPU (under torchrun) held
-against what the GPUs' links allow (``link_rates.intranode_check``), and a
-report of each figure as a share of the device's published peak
-(``gpu_peaks``).
+"""The steps of ``bench/gpu_check.sh``: the bench agent's own standard level
+on this machine (every GPU, every dtype, HBM, the training step, the
+intra-node collectives and the link check), the node-health catalogue once,
+and a report of each figure per GPU and as a share of the device's
+published peak (``gpu_peaks``), held against the default floors.
 
-    python -m services.bench.gpu_check gemm --out DIR/gemm.json
-    torchrun --standalone --nproc-per-node N -m services.bench.gpu_check collectives --out F
+    python -m services.bench.gpu_check level --out DIR/level.json
+    python -m services.bench.gpu_check health --out DIR/health.json
     python -m services.bench.gpu_check report DIR
 
-The measuring reuses the standard level's kernels and timing, so the check
-and the fleet bench agree on what a figure means.
+The level step calls ``levels.standard_level``, the function the agent runs
+at onboarding, so the check and the fleet agree on what a figure means.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 from libs.events import BenchCheck, Figure
-from libs.worker_env import RankEnv
-from services.bench.gpu_peaks import lookup, shares, table
-from services.bench.per_gpu import summarize
+from services.bench.config import BenchConfig
+from services.bench.gpu_peaks import Peaks, lookup, shares, table
+from services.bench.per_gpu import gpu_of
+
+_DTYPES = ["bf16", "fp16", "fp32", "int8", "fp8"]
 
 
-def gemm(args: argparse.Namespace) -> int:
+def _dump(path: str, **data: object) -> None:
+    Path(path).write_text(json.dumps(data, default=lambda m: m.model_dump()))
+
+
+def level(args: argparse.Namespace) -> int:
     import torch
 
-    from services.bench import standard
-    from services.bench.config import StandardConfig, Timing
+    from services.bench import levels
 
     if not torch.cuda.is_available():
         print("gpu_check: torch sees no GPU", file=sys.stderr)
         return 2
-    kind = "rocm" if getattr(torch.version, "hip", None) else "cuda"
-    config = StandardConfig(gpu_gemm_sizes=args.sizes, gpu_gemm_dtypes=args.dtypes,
-                            gpu_timing=Timing(warmup=3, repeats=5, sample_s=0.25))
-    # Every GPU, one at a time (as the standard level measures them), each
-    # figure tagged with its GPU; the node's own is its weakest GPU's.
-    per_gpu = {}
-    for i in range(torch.cuda.device_count()):
-        print(f"   GPU {i}: GEMM and HBM", flush=True)
-        per_gpu[i] = standard.gemm_suite(kind, config, gpu=i).extend(
-            standard.memory_bandwidth(kind, config, gpu=i))
-    results = summarize(per_gpu, max_shortfall=config.max_gpu_shortfall)
-    failed = [c for c in results.checks if c.status == "failed"]
-    Path(args.out).write_text(json.dumps({
-        "device": torch.cuda.get_device_name(0), "kind": kind,
-        "figures": [f.model_dump() for f in results.figures],
-        "problems": [f"{c.name}: {c.detail}" for c in failed]}))
-    return 1 if failed else 0
+    base = BenchConfig()
+    updates: dict[str, object] = {}
+    if args.sizes:
+        updates["gpu_gemm_sizes"] = args.sizes
+    if args.dtypes:
+        updates["gpu_gemm_dtypes"] = args.dtypes
+    if args.collective_bytes:
+        updates["gpu_collective_bytes"] = args.collective_bytes
+    config = base.model_copy(update={"standard": base.standard.model_copy(update=updates)})
+    count = torch.cuda.device_count()
+    run = levels.standard_level(config=config, expected_devices=count,
+                                progress=lambda step: print(f"   {step}", flush=True))
+    _dump(args.out, device=torch.cuda.get_device_name(0), kind=run.device, gpus=count,
+          outcome=run.outcome, reason=run.reason, figures=run.figures, checks=run.checks)
+    return 0 if run.outcome == "healthy" else 1
 
 
-def collectives(args: argparse.Namespace) -> int:
-    """One rank under torchrun; rank 0 writes the figures."""
-    import torch
+def health(args: argparse.Namespace) -> int:
+    """Every probe the agent schedules by default, run once, as it runs them."""
+    from services.bench import probes
 
-    from services.bench.collectives import RankPlan, _figures, _measure
-    from services.bench.config import Timing
-
-    env = RankEnv.from_env()  # torchrun's
-    rank, world = env.rank, env.world_size
-    plan = RankPlan("nccl", "env://", world, rank, env.local_rank, True,
-                    tuple(args.bytes), Timing(warmup=5, repeats=5, sample_s=0.25), 120.0)
-    samples = _measure(plan)
-    if rank == 0:
-        figures = _figures([{"samples": samples}], world, "")
-        links = link_check(figures, args.bytes)
-        Path(args.out).write_text(json.dumps({
-            "device": torch.cuda.get_device_name(0), "ranks": world,
-            "figures": [f.model_dump() for f in figures],
-            "notes": [f"{links.name} {links.status}: {links.detail}"],
-            "problems": [f"{links.name}: {links.detail}"] if links.status == "failed" else []}))
-    return 0
+    config = BenchConfig()
+    checks = []
+    for spec in config.scheduled_probes():
+        print(f"   {spec.name}", flush=True)
+        checks.append(probes.run_check(spec.kind, expected=None, limits=config.gpu_limits,
+                                       timeout_s=spec.timeout_s, name=spec.name,
+                                       options=spec.options))
+    _dump(args.out, figures=[], checks=checks)
+    return 1 if any(c.status == "failed" for c in checks) else 0
 
 
-def link_check(figures: list[Figure], sizes: list[int]) -> BenchCheck:
-    """The largest message's figures against the links read from this
-    machine, with the standard level's default share (link_rates.py)."""
-    from services.bench.config import StandardConfig
-    from services.bench.health.base import ProbeContext
-    from services.bench.link_rates import intranode_check
-    from services.bench.node_links import read_gpu_links
+_COLUMNS = re.compile(r"^(gemm_(\w+?)_(\d+)_(?:tflops|tops)|membw_(copy|triad)_gbps|"
+                      r"train_tokens_per_s|train_step_ms)$")
 
-    links, why = read_gpu_links(ProbeContext())
-    return intranode_check(figures, links, sizes=sizes,
-                           min_fraction=StandardConfig().min_link_fraction, unread=why)
+
+def gpu_table(figures: Sequence[Figure], peaks: Peaks | None) -> str:
+    """One row per GPU of the largest GEMM per dtype, HBM copy and triad and
+    the training rate, then the node's row (its weakest GPU's) and each
+    column's share of the published peak. Pure."""
+    per_gpu: dict[int, dict[str, float]] = {}
+    node: dict[str, float] = {}
+    largest: dict[str, int] = {}
+    for f in figures:
+        gpu = gpu_of(f.name)
+        name = f.name.split("_", 1)[1] if gpu is not None else f.name
+        found = _COLUMNS.match(name)
+        if not found:
+            continue
+        if found.group(2):
+            largest[found.group(2)] = max(largest.get(found.group(2), 0), int(found.group(3)))
+        (per_gpu.setdefault(gpu, {}) if gpu is not None else node)[name] = f.value
+    columns = [n for n in sorted(node, key=_order)
+               if not (m := _COLUMNS.match(n)).group(2) or int(m.group(3)) == largest[m.group(2)]]
+    if not columns:
+        return "no per-GPU figures"
+    heads = [_short(c) for c in columns]
+    width = max(9, *(len(h) for h in heads))
+    lines = [f"{'':>12} " + " ".join(f"{h:>{width}}" for h in heads)]
+    for gpu in sorted(per_gpu):
+        lines.append(f"{'GPU ' + str(gpu):>12} " + " ".join(
+            f"{per_gpu[gpu].get(c, float('nan')):>{width}.1f}" for c in columns))
+    lines.append(f"{'node':>12} " + " ".join(f"{node[c]:>{width}.1f}" for c in columns))
+    share = {r.figure: r.share for r in shares([(c, node[c], "") for c in columns], peaks)}
+    lines.append(f"{'% of peak':>12} " + " ".join(
+        f"{share[c]:>{width}.1%}" if share[c] is not None else f"{'-':>{width}}"
+        for c in columns))
+    return "\n".join(lines)
+
+
+def _order(name: str) -> tuple[int, str]:
+    found = _COLUMNS.match(name)
+    dtype = found.group(2) if found else None
+    return (_DTYPES.index(dtype) if dtype in _DTYPES else len(_DTYPES), name)
+
+
+def _short(name: str) -> str:
+    found = _COLUMNS.match(name)
+    if found and found.group(2):
+        unit = "TOPS" if name.endswith("_tops") else "TFLOPS"
+        return f"{found.group(2)} {unit}"
+    return {"membw_copy_gbps": "copy GB/s", "membw_triad_gbps": "triad GB/s",
+            "train_tokens_per_s": "train tok/s", "train_step_ms": "step ms"}.get(name, name)
 
 
 def report(args: argparse.Namespace) -> int:
@@ -94,40 +131,53 @@ def report(args: argparse.Namespace) -> int:
     if not parts:
         print("gpu_check: nothing was measured", file=sys.stderr)
         return 1
-    device = parts[0]["device"]
+    device = next((p["device"] for p in parts if p.get("device")), "unknown device")
     peaks = lookup(device)
-    rows = shares([(f["name"], f["value"], f["unit"]) for p in parts for f in p["figures"]],
-                  peaks)
+    figures = [Figure.model_validate(f) for p in parts for f in p["figures"]]
+    checks = [BenchCheck.model_validate(c) for p in parts for c in p.get("checks", [])]
+    node = [f for f in figures if gpu_of(f.name) is None]
     print(f"{device} -> {peaks.model if peaks else 'no published peak in the table'}")
-    print(table(rows))
-    for p in parts:
-        for note in p.get("notes", []):
-            print(note)
-        for problem in p.get("problems", []):
-            print(f"problem: {problem}")
+    print(gpu_table(figures, peaks))
+    rows = shares([(f.name, f.value, f.unit) for f in node], peaks)
+    print(table([r for r in rows if r.peak is not None] or rows))
+    floors = BenchConfig().floors_of(device, [f.name for f in node])
+    below = [f"{f.name} {f.value:.4g} {f.unit} is below its floor {floors[f.name]:.4g}"
+             for f in node if f.name in floors and f.value < floors[f.name]]
+    print(f"floors: {len(floors) - len(below)} of {len(floors)} held"
+          + "".join(f"\nproblem: {b}" for b in below))
+    for c in checks:
+        if gpu_of(c.name) is None or c.status == "failed":
+            print(f"{c.status:>11}  {c.name}: {c.detail}")
+    outcomes = [f"{p['outcome']}{': ' + p['reason'] if p.get('reason') else ''}"
+                for p in parts if "outcome" in p]
+    for outcome in outcomes:
+        print(f"standard level: {outcome}")
     print(json.dumps({
         "name": "gpu_check", "device": device, "model": peaks.model if peaks else None,
+        "outcome": outcomes[0].split(":")[0] if outcomes else None,
+        "failed_checks": sorted(c.name for c in checks if c.status == "failed"),
+        "below_floor": len(below),
         "figures": [{"name": r.figure, "value": r.value, "unit": r.unit, "baseline": r.peak,
                      "ratio": round(r.share, 4) if r.share is not None else None}
                     for r in rows]}))
-    return 0
+    return 1 if below else 0
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="gpu_check", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="step", required=True)
-    g = sub.add_parser("gemm")
+    g = sub.add_parser("level", help="the standard level, as the bench agent runs it")
     g.add_argument("--out", required=True)
-    g.add_argument("--sizes", type=int, nargs="+", default=[8192])
-    g.add_argument("--dtypes", nargs="+", default=["bf16", "fp16", "fp32", "int8", "fp8"],
-                   choices=["bf16", "fp16", "fp32", "int8", "fp8"])
-    c = sub.add_parser("collectives")
-    c.add_argument("--out", required=True)
-    c.add_argument("--bytes", type=int, nargs="+", default=[64 << 20, 1 << 30])
+    g.add_argument("--sizes", type=int, nargs="+", help="GEMM sizes (default: the level's)")
+    g.add_argument("--dtypes", nargs="+", choices=_DTYPES, help="GEMM dtypes (default: all)")
+    g.add_argument("--collective-bytes", type=int, nargs="+",
+                   help="intra-node message sizes (default: the level's, up to 1 GiB)")
+    h = sub.add_parser("health", help="every node-health catalogue probe, once")
+    h.add_argument("--out", required=True)
     r = sub.add_parser("report")
     r.add_argument("dir")
     args = parser.parse_args(argv)
-    return {"gemm": gemm, "collectives": collectives, "report": report}[args.step](args)
+    return {"level": level, "health": health, "report": report}[args.step](args)
 
 
 if __name__ == "__main__":

@@ -125,25 +125,61 @@ def test_shares() -> None:
     assert "50.0%" in text and "75.0%" in text and text.count("\n") == 4
 
 
-def test_report_step_reads_the_step_files(tmp_path: Path,
-                                          capsys: pytest.CaptureFixture[str]) -> None:
-    (tmp_path / "gemm.json").write_text(json.dumps({
-        "device": "NVIDIA H100 80GB HBM3", "kind": "cuda", "problems": [],
-        "figures": [{"name": "gemm_bf16_8192_tflops", "value": 742.05, "unit": "TFLOPS"}]}))
-    (tmp_path / "collectives.json").write_text(json.dumps({
-        "device": "NVIDIA H100 80GB HBM3", "ranks": 8,
-        "figures": [{"name": "allreduce_512MiB_busbw_gbps", "value": 360.0, "unit": "GB/s"}],
-        "notes": ["intranode_link_rate ok: allreduce_512MiB_busbw_gbps 360 GB/s against "
-                  "478.1 GB/s the GPUs' NVLink links allow (75%)"]}))
-    assert gpu_check.main(["report", str(tmp_path)]) == 0
+H200_RUN = Path(__file__).parent / "fixtures" / "gpu_check_h200"
+
+
+def test_report_on_the_step_files_of_a_real_h200_run(tmp_path: Path,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    # level.json and health.json as bench/gpu_check.sh wrote them on a lent
+    # one-GPU H200 machine (2026-12-04; see the folder's README.md).
+    assert gpu_check.main(["report", str(H200_RUN)]) == 0
     out = capsys.readouterr().out.strip().splitlines()
-    assert out[0] == "NVIDIA H100 80GB HBM3 -> H100 SXM"
-    assert any(line.startswith("intranode_link_rate ok: ") for line in out)
+    assert out[0] == "NVIDIA H200 -> H200"
+    header, gpu0, node, share = out[1:5]
+    assert header.split()[:4] == ["bf16", "TFLOPS", "fp16", "TFLOPS"]
+    assert gpu0.split()[:2] == ["GPU", "0"] and node.split()[0] == "node"
+    assert share.split()[:4] == ["%", "of", "peak", "68.4%"]
+    assert "floors: 5 of 5 held" in out
+    assert "standard level: healthy: all checks passed" in out
+    assert any(line.split() == ["skipped", "rdma_ports:", "not", "applicable:", "no",
+                                "InfiniBand/RoCE", "device", "(/sys/class/infiniband)"]
+               for line in out)
     last = json.loads(out[-1])
-    assert last["name"] == "gpu_check" and last["model"] == "H100 SXM"
+    assert (last["name"], last["model"], last["outcome"]) == ("gpu_check", "H200", "healthy")
+    assert last["failed_checks"] == [] and last["below_floor"] == 0
     ratios = {f["name"]: f["ratio"] for f in last["figures"]}
-    assert ratios == {"allreduce_512MiB_busbw_gbps": 0.8, "gemm_bf16_8192_tflops": 0.75}
+    assert ratios["gemm_bf16_8192_tflops"] == 0.6844
+    assert ratios["gemm_int8_8192_tops"] == 0.4607
+    assert ratios["membw_triad_gbps"] == 0.9074
+
+    # The same run with its bf16 GEMM at a third of peak: under the default
+    # floor (35%), so the report names it and fails.
+    level = json.loads((H200_RUN / "level.json").read_text())
+    for f in level["figures"]:
+        if f["name"].endswith("gemm_bf16_8192_tflops"):
+            f["value"] = 330.0
+    (tmp_path / "level.json").write_text(json.dumps(level))
+    assert gpu_check.main(["report", str(tmp_path)]) == 1
+    out = capsys.readouterr().out
+    assert "problem: gemm_bf16_8192_tflops 330 TFLOPS is below its floor 346.1" in out
     assert gpu_check.main(["report", str(tmp_path / "empty")]) == 1
+
+
+def test_gpu_table_rows_per_gpu_and_the_weakest_as_the_node() -> None:
+    figures = [Figure(name=f"gpu{i}_{name}", value=value * (1 - 0.1 * i), unit=unit)
+               for i in range(2)
+               for name, value, unit in [("gemm_bf16_4096_tflops", 700.0, "TFLOPS"),
+                                         ("gemm_bf16_8192_tflops", 800.0, "TFLOPS"),
+                                         ("membw_copy_gbps", 3000.0, "GB/s")]]
+    figures += [Figure(name="gemm_bf16_8192_tflops", value=720.0, unit="TFLOPS"),
+                Figure(name="membw_copy_gbps", value=2700.0, unit="GB/s")]
+    rows = gpu_check.gpu_table(figures, lookup("NVIDIA H100 80GB HBM3")).splitlines()
+    assert rows[0].split() == ["bf16", "TFLOPS", "copy", "GB/s"]  # the largest GEMM only
+    assert rows[1].split() == ["GPU", "0", "800.0", "3000.0"]
+    assert rows[2].split() == ["GPU", "1", "720.0", "2700.0"]
+    assert rows[3].split() == ["node", "720.0", "2700.0"]
+    assert rows[4].split() == ["%", "of", "peak", "72.8%", "80.6%"]
+    assert gpu_check.gpu_table([], None) == "no per-GPU figures"
 
 
 @pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
@@ -157,9 +193,3 @@ def test_the_script_parses_and_refuses_cleanly_without_a_gpu() -> None:
     done = subprocess.run(["bash", str(script)], capture_output=True, text=True, timeout=120,
                           check=False)
     assert done.returncode == 2 and "torch sees no GPU" in done.stderr
-
-
-def test_the_link_check_of_the_script_says_skipped_without_gpu_links() -> None:
-    figures = [Figure(name="allreduce_1GiB_busbw_gbps", value=300.0, unit="GB/s")]
-    check = gpu_check.link_check(figures, [64 << 20, 1 << 30])
-    assert check.name == "intranode_link_rate" and check.status == "skipped"

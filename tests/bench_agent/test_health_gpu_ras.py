@@ -16,6 +16,7 @@ GPU_FIX = Path(__file__).parents[1] / "gpu" / "fixtures"  # shared with tests/gp
 A10G = (FIX / "nvidia_smi_q_x_a10g.xml").read_text()
 T4 = (GPU_FIX / "nvidia_smi_q_x_tesla_t4.xml").read_text()
 A100 = (GPU_FIX / "nvidia_smi_q_x_a100_sxm4.xml").read_text()
+H200 = (GPU_FIX / "nvidia_smi_q_x_h200.xml").read_text()
 RX6600_METRIC = (GPU_FIX / "amd_smi_metric_rx6600.json").read_text()
 
 # No real `amd-smi bad-pages --json` capture was found (README: not covered).
@@ -47,6 +48,13 @@ def test_nvidia_t4_retired_pages_and_a100_na():
     assert t4.retired == 0 and t4.pending == 0
     (a100,) = gpu_ras.parse_nvidia_xml(A100).values()
     assert a100.retired is None and a100.uncorrectable == 0
+
+
+def test_nvidia_h200_remaps_rows_and_has_no_retired_page_count():
+    (h200,) = gpu_ras.parse_nvidia_xml(H200).values()
+    assert h200.gpu == "00000000:00:06.0"
+    assert (h200.retired, h200.pending, h200.uncorrectable) == (None, None, 0)
+    assert not h200.remap_pending and not h200.remap_failure
 
 
 def test_amd_metric_ecc_rx6600():

@@ -69,6 +69,19 @@ def test_dmesg_json_parser_on_util_linux_output():
     assert kernel_log.classify(m for _, m in entries) == []
 
 
+def test_a_healthy_h200_boot_with_the_nvidia_driver_is_not_an_error(tmp_path):
+    # The whole boot of a real H200 machine: the driver's load lines and its
+    # "FBHUB Interrupt detected. Clearing it." notice are not faults.
+    raw = (FIX / "dmesg_json_h200_firecracker_boot.json").read_text()
+    entries = kernel_log.parse_dmesg_json(raw)
+    assert len(entries) == 357
+    assert any(m.startswith("NVRM: loading NVIDIA UNIX Open Kernel Module") for _, m in entries)
+    assert kernel_log.classify(m for _, m in entries) == []
+    found = kernel_log.probe(ctx(tree(tmp_path, uptime=3.6),
+                                 Runner(dmesg=ToolOutput(0, raw, ""))))
+    assert found.status == "ok", found
+
+
 def test_dmesg_json_parser_rejects_garbage():
     with pytest.raises(ValueError):
         kernel_log.parse_dmesg_json("dmesg: unrecognized option '--json'")

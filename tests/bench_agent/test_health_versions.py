@@ -14,6 +14,8 @@ FIX = Path(__file__).parent / "fixtures" / "health"
 GPU_FIX = Path(__file__).parents[1] / "gpu" / "fixtures"
 A10G = (FIX / "nvidia_smi_q_x_a10g.xml").read_text()
 A100 = (GPU_FIX / "nvidia_smi_q_x_a100_sxm4.xml").read_text()
+H200 = (GPU_FIX / "nvidia_smi_q_x_h200.xml").read_text()
+H200_PROC = (FIX / "proc_driver_nvidia_version_h200.txt").read_text()
 # The `amd-smi version` line quoted in tests/gpu/fixtures/README.md, from
 # https://github.com/ROCm/legacy-rocm-build/issues/4759 (only the start is quoted there).
 AMD_SMI_VERSION_PREFIX = "AMDSMI Tool: 25.4.2+aca1101 | "
@@ -25,6 +27,7 @@ NVRM_LOADING = (FIX / "kmsg_nvidia_fallen_off_bus.txt").read_text().splitlines()
 def test_nvidia_xml_versions():
     assert versions.parse_nvidia_xml_versions(A10G) == {"nvidia": "515.105.01", "cuda": "11.7"}
     assert versions.parse_nvidia_xml_versions(A100) == {"nvidia": "535.54.03", "cuda": "12.2"}
+    assert versions.parse_nvidia_xml_versions(H200) == {"nvidia": "580.159.04", "cuda": "13.0"}
     with pytest.raises(ValueError):
         versions.parse_nvidia_xml_versions("NVIDIA-SMI has failed")
 
@@ -34,6 +37,7 @@ def test_nvrm_version_line():
     # the load message carries the same "Kernel Module for x86_64  <v>" phrase.
     assert versions.parse_proc_nvidia_version(NVRM_LOADING) == "570.158.01"
     assert versions.parse_proc_nvidia_version("garbage") is None
+    assert versions.parse_proc_nvidia_version(H200_PROC) == "580.159.04"
 
 
 def test_amd_smi_version_without_rocm_is_none():

@@ -105,6 +105,33 @@ def test_xml_a100_sxm4_with_mig_enabled() -> None:
     assert gpu.utilization_pct is None  # N/A while MIG is enabled
 
 
+def test_xml_h200() -> None:
+    inventory = parse_nvidia_smi_xml(fixture("nvidia_smi_q_x_h200.xml"))
+    assert inventory.driver_version == "580.159.04"
+    (gpu,) = inventory.gpus
+    assert (gpu.name, gpu.pci_bus, gpu.serial) == ("NVIDIA H200", "00000000:00:06.0",
+                                                   "1654124046840")
+    assert gpu.vram_total_bytes == 143771 * MIB
+    assert (gpu.temp_edge_c, gpu.temp_memory_c) == (35.0, 36.0)
+    assert (gpu.power_w, gpu.power_cap_w) == (77.23, 700.0)
+    assert (gpu.pcie_link_speed_gts, gpu.pcie_link_width) == (32.0, 16)  # gen 5 x16
+    assert (gpu.ecc_correctable, gpu.ecc_uncorrectable) == (0, 0)
+
+
+def test_csv_of_the_agents_own_query_on_an_h200() -> None:
+    # Recorded with exactly the agent's field list (runner.NVIDIA_QUERY_ARGS).
+    (gpu,) = parse_nvidia_smi_csv(fixture("nvidia_smi_query_h200_agent_fields.csv"),
+                                  QUERY_FIELDS).gpus
+    assert (gpu.index, gpu.name) == (0, "NVIDIA H200")
+    assert gpu.uuid == "GPU-26fcf95b-c97a-5cac-bc6a-72c359191761"
+    assert (gpu.utilization_pct, gpu.vram_used_bytes, gpu.vram_total_bytes) == (
+        0.0, 0, 143771 * MIB)
+    assert (gpu.temp_edge_c, gpu.temp_memory_c) == (35.0, 37.0)
+    assert (gpu.power_w, gpu.power_cap_w, gpu.sclk_mhz, gpu.mclk_mhz) == (
+        76.81, 700.0, 345.0, 3201.0)
+    assert (gpu.pcie_link_speed_gts, gpu.pcie_link_width) == (32.0, 16)
+
+
 def test_xml_tesla_t4_older_power_schema() -> None:
     gpu = parse_nvidia_smi_xml(fixture("nvidia_smi_q_x_tesla_t4.xml")).gpus[0]
 
