@@ -4,10 +4,12 @@ and holds. Each failed before its fix."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from policy_kit import Scenario, job, rack, run, running
 
-from services.scheduler.policy import Workspace
+from services.scheduler.policy import SchedulerConfig, Workspace
 
 BALANCE = [Workspace("ws", queue_policy="balance")]
 S: list[Scenario] = []
@@ -49,3 +51,19 @@ def test_scenario(s: Scenario) -> None:
         assert result.pending[job_id].code == code, result.pending[job_id]
     if s.reserved is not None:
         assert {k: set(v) for k, v in result.reservations.items()} == s.reserved
+
+
+def test_a_victim_search_out_of_budget_evicts_only_what_the_placement_needs() -> None:
+    # Replaying the default trace, one 4-GPU job evicted 44 one-GPU jobs: the
+    # search ran out of fit checks while releasing victims, went on releasing
+    # every candidate, and had no checks left to spare the ones not needed.
+    nodes = rack("r1", 6)
+    small = [running(job(f"s{k}-{slot}", 1, 1, prio="low"), [(f"r1-n{k}", 1)],
+                     started=float(slot * 6 + k))  # most recent first: across the nodes
+             for k in range(6) for slot in range(8)]
+    s = Scenario("out of budget", nodes, [job("big", 1, 4, prio="high", at=1)],
+                 running=small, config=replace(SchedulerConfig(), max_victim_checks=4))
+    result = run(s)
+    victims = [p.victim for p in result.preemptions if p.preemptor == "big"]
+    assert len(victims) == 4
+    assert len({v.split("-")[0] for v in victims}) == 1  # all on the node it will take

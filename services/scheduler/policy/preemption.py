@@ -14,8 +14,12 @@ The set is the fewest victims, then the cheapest (lowest priority, then
 no larger than the preemptor, then least GPU-seconds lost): one victim
 is tried first, cheapest first; otherwise victims are released lowest
 priority and largest first until the job fits, then every victim that is
-not needed after all is spared, most expensive first. The result is minimal
-(no victim can be dropped), a bounded-cost stand-in for the NP-hard minimum.
+not needed after all is spared, most expensive first: those the placement
+found does not need at once (no search, so even a search out of budget
+evicts only what that placement needs), then, while the search budget lasts,
+any without which the job still fits somewhere. Within the budget the result
+is minimal (no victim can be dropped), a bounded-cost stand-in for the
+NP-hard minimum.
 """
 
 from __future__ import annotations
@@ -107,14 +111,16 @@ def select_victims(state: ClusterState, req: Request, candidates: Sequence[Alloc
     order = sorted(pool, key=lambda a: (cost[a.job.id][0], -usable[a.job.id],
                                         cost[a.job.id][1], a.job.id))
     return _greedy(state, order, cost, usable, quota, fits=fits, budget=max_checks - checks,
-                   may_fit=may_fit)
+                   may_fit=may_fit, quota_short=quota_short)
 
 
 def _greedy(state: ClusterState, order: list[Alloc], cost: dict[str, tuple[int, float, str]],
             usable: dict[str, int], quota: dict[str, int], *, fits: Fits, budget: int,
-            may_fit: Callable[[int, int], bool]) -> VictimChoice | None:
+            may_fit: Callable[[int, int], bool], quota_short: int) -> VictimChoice | None:
     """Release in ``order`` until the job fits, then spare every victim
-    that turns out not to be needed, most expensive first."""
+    that turns out not to be needed: first, without a search, each one the
+    placement found does not need; then, while the budget lasts, each one
+    without which the job still fits somewhere, most expensive first."""
     checks = 0
     with state.what_if():
         released: list[Alloc] = []
@@ -136,6 +142,7 @@ def _greedy(state: ClusterState, order: list[Alloc], cost: dict[str, tuple[int, 
             found = fits()
         if found is None:
             return None
+        returned = _spare_outside(state, released, found, cost, quota, returned, quota_short)
         for alloc in sorted(released, key=lambda a: cost[a.job.id], reverse=True):
             if checks >= budget or len(released) == 1:
                 break
@@ -149,6 +156,29 @@ def _greedy(state: ClusterState, order: list[Alloc], cost: dict[str, tuple[int, 
                     released.remove(alloc)
         victims = tuple(sorted(released, key=lambda a: cost[a.job.id]))
     return VictimChoice(victims, found)
+
+
+def _spare_outside(state: ClusterState, released: list[Alloc], found: Found,
+                   cost: dict[str, tuple[int, float, str]], quota: dict[str, int],
+                   returned: int, quota_short: int) -> int:
+    """Give back their GPUs to the victims ``found`` can do without, most
+    expensive first: the placement keeps the free GPUs it takes on each of
+    its nodes, and the quota it needs back. Exact and cheap (no search), so
+    a search that ran out of budget with many victims released still evicts
+    only what the placement needs. Returns the quota still given back."""
+    for alloc in sorted(released, key=lambda a: cost[a.job.id], reverse=True):
+        if len(released) == 1:
+            break
+        back = quota[alloc.job.id]
+        if returned - back < quota_short:
+            continue
+        with state.what_if() as spare:
+            state.allocate(alloc.job, alloc.per_node, alloc.kind)
+            if all(state.eff_free(i) >= g for i, g in found.per_node.items()):
+                spare.commit()
+                released.remove(alloc)
+                returned -= back
+    return returned
 
 
 def _usable_gpus(state: ClusterState, req: Request,
