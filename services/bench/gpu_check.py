@@ -16,17 +16,18 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import get_args
 
 from libs.events import BenchCheck, Figure
-from services.bench.config import BenchConfig
-from services.bench.gpu_peaks import Peaks, lookup, shares, table
-from services.bench.per_gpu import gpu_of
+from services.bench.config import BenchConfig, GemmDtype
+from services.bench.fleet import judge_node
+from services.bench.gpu_peaks import Peaks, gemm_of, lookup, shares, table
+from services.bench.per_gpu import gpu_of, untagged
 
-_DTYPES = ["bf16", "fp16", "fp32", "int8", "fp8"]
+_DTYPES: tuple[str, ...] = get_args(GemmDtype)
 
 
 def _dump(path: str, **data: object) -> None:
@@ -73,8 +74,9 @@ def health(args: argparse.Namespace) -> int:
     return 1 if any(c.status == "failed" for c in checks) else 0
 
 
-_COLUMNS = re.compile(r"^(gemm_(\w+?)_(\d+)_(?:tflops|tops)|membw_(copy|triad)_gbps|"
-                      r"train_tokens_per_s|train_step_ms)$")
+# Besides the largest GEMM per dtype: each GPU's memory and training figures.
+_OTHER = {"membw_copy_gbps": "copy GB/s", "membw_triad_gbps": "triad GB/s",
+          "train_step_ms": "step ms", "train_tokens_per_s": "train tok/s"}
 
 
 def gpu_table(figures: Sequence[Figure], peaks: Peaks | None) -> str:
@@ -85,19 +87,19 @@ def gpu_table(figures: Sequence[Figure], peaks: Peaks | None) -> str:
     node: dict[str, float] = {}
     largest: dict[str, int] = {}
     for f in figures:
-        gpu = gpu_of(f.name)
-        name = f.name.split("_", 1)[1] if gpu is not None else f.name
-        found = _COLUMNS.match(name)
-        if not found:
+        gpu, name = untagged(f.name)
+        gemm = gemm_of(name)
+        if gemm is None and name not in _OTHER:
             continue
-        if found.group(2):
-            largest[found.group(2)] = max(largest.get(found.group(2), 0), int(found.group(3)))
+        if gemm is not None:
+            largest[gemm[0]] = max(largest.get(gemm[0], 0), gemm[1])
         (per_gpu.setdefault(gpu, {}) if gpu is not None else node)[name] = f.value
-    columns = [n for n in sorted(node, key=_order)
-               if not (m := _COLUMNS.match(n)).group(2) or int(m.group(3)) == largest[m.group(2)]]
+    gemms = sorted((_DTYPES.index(g[0]), n) for n in node
+                   if (g := gemm_of(n)) is not None and largest[g[0]] == g[1])
+    columns = [n for _, n in gemms] + [n for n in _OTHER if n in node]
     if not columns:
         return "no per-GPU figures"
-    heads = [_short(c) for c in columns]
+    heads = [_head(c) for c in columns]
     width = max(9, *(len(h) for h in heads))
     lines = [f"{'':>12} " + " ".join(f"{h:>{width}}" for h in heads)]
     for gpu in sorted(per_gpu):
@@ -111,19 +113,11 @@ def gpu_table(figures: Sequence[Figure], peaks: Peaks | None) -> str:
     return "\n".join(lines)
 
 
-def _order(name: str) -> tuple[int, str]:
-    found = _COLUMNS.match(name)
-    dtype = found.group(2) if found else None
-    return (_DTYPES.index(dtype) if dtype in _DTYPES else len(_DTYPES), name)
-
-
-def _short(name: str) -> str:
-    found = _COLUMNS.match(name)
-    if found and found.group(2):
-        unit = "TOPS" if name.endswith("_tops") else "TFLOPS"
-        return f"{found.group(2)} {unit}"
-    return {"membw_copy_gbps": "copy GB/s", "membw_triad_gbps": "triad GB/s",
-            "train_tokens_per_s": "train tok/s", "train_step_ms": "step ms"}.get(name, name)
+def _head(name: str) -> str:
+    gemm = gemm_of(name)
+    if gemm is None:
+        return _OTHER[name]
+    return f"{gemm[0]} {'TOPS' if name.endswith('_tops') else 'TFLOPS'}"
 
 
 def report(args: argparse.Namespace) -> int:
@@ -132,6 +126,7 @@ def report(args: argparse.Namespace) -> int:
         print("gpu_check: nothing was measured", file=sys.stderr)
         return 1
     device = next((p["device"] for p in parts if p.get("device")), "unknown device")
+    level = next((p for p in parts if "outcome" in p), None)
     peaks = lookup(device)
     figures = [Figure.model_validate(f) for p in parts for f in p["figures"]]
     checks = [BenchCheck.model_validate(c) for p in parts for c in p.get("checks", [])]
@@ -140,21 +135,25 @@ def report(args: argparse.Namespace) -> int:
     print(gpu_table(figures, peaks))
     rows = shares([(f.name, f.value, f.unit) for f in node], peaks)
     print(table([r for r in rows if r.peak is not None] or rows))
-    floors = BenchConfig().floors_of(device, [f.name for f in node])
-    below = [f"{f.name} {f.value:.4g} {f.unit} is below its floor {floors[f.name]:.4g}"
-             for f in node if f.name in floors and f.value < floors[f.name]]
+    # The floors as the coordinator holds them (fleet.judge_node), with no
+    # peers: only the floors can fail a figure here.
+    config = BenchConfig()
+    floors = config.floors_of(device, [f.name for f in node])
+    judged = judge_node([(f.name, f.value, f.unit) for f in node], {}, policy=config.fleet,
+                        floors=floors)
+    below = [f"{v.name} {v.value:.4g} {v.unit} is below its floor {floors[v.name]:.4g}"
+             for v in judged.figures if v.outcome == "failed"]
     print(f"floors: {len(floors) - len(below)} of {len(floors)} held"
           + "".join(f"\nproblem: {b}" for b in below))
     for c in checks:
         if gpu_of(c.name) is None or c.status == "failed":
             print(f"{c.status:>11}  {c.name}: {c.detail}")
-    outcomes = [f"{p['outcome']}{': ' + p['reason'] if p.get('reason') else ''}"
-                for p in parts if "outcome" in p]
-    for outcome in outcomes:
-        print(f"standard level: {outcome}")
+    if level is not None:
+        print(f"standard level: {level['outcome']}"
+              + (f": {level['reason']}" if level.get("reason") else ""))
     print(json.dumps({
         "name": "gpu_check", "device": device, "model": peaks.model if peaks else None,
-        "outcome": outcomes[0].split(":")[0] if outcomes else None,
+        "outcome": level["outcome"] if level is not None else None,
         "failed_checks": sorted(c.name for c in checks if c.status == "failed"),
         "below_floor": len(below),
         "figures": [{"name": r.figure, "value": r.value, "unit": r.unit, "baseline": r.peak,

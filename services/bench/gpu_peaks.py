@@ -126,6 +126,13 @@ _GEMM = re.compile(r"^(?:gpu\d+_)?gemm_(bf16|fp16|fp32|int8|fp8)_(\d+)_(?:tflops
 _HBM = re.compile(r"^(?:gpu\d+_)?membw_(copy|triad)_gbps$")
 
 
+def gemm_of(name: str) -> tuple[str, int] | None:
+    """(dtype, size) of a GEMM figure's name, a node's or one GPU's; None
+    for any other figure."""
+    found = _GEMM.match(name)
+    return (found.group(1), int(found.group(2))) if found else None
+
+
 def shares(figures: list[tuple[str, float, str]], peaks: Peaks | None) -> list[Share]:
     """Each figure with its peak and share; bus-bandwidth figures are compared
     with the link peak, GEMMs with their dtype's peak, others have none."""

@@ -108,5 +108,10 @@ def summarize(per_gpu: Mapping[int, Results], *, max_shortfall: float) -> Result
 
 def gpu_of(name: str) -> int | None:
     """The GPU a tagged figure or check name belongs to (None: the node's)."""
+    return untagged(name)[0]
+
+
+def untagged(name: str) -> tuple[int | None, str]:
+    """(GPU, name without its ``gpu<i>_`` tag); (None, name) for the node's."""
     found = _TAGGED.match(name)
-    return int(found.group(1)) if found else None
+    return (int(found.group(1)), found.group(2)) if found else (None, name)

@@ -54,9 +54,10 @@ def test_scenario(s: Scenario) -> None:
 
 
 def test_a_victim_search_out_of_budget_evicts_only_what_the_placement_needs() -> None:
-    # Replaying the default trace, one 4-GPU job evicted 44 one-GPU jobs: the
-    # search ran out of fit checks while releasing victims, went on releasing
-    # every candidate, and had no checks left to spare the ones not needed.
+    # Replaying the multigpu50 trace, one 4-GPU job evicted 44 one-GPU jobs:
+    # the search ran out of fit checks while releasing victims, went on
+    # releasing every candidate, and had no checks left to spare the ones not
+    # needed.
     nodes = rack("r1", 6)
     small = [running(job(f"s{k}-{slot}", 1, 1, prio="low"), [(f"r1-n{k}", 1)],
                      started=float(slot * 6 + k))  # most recent first: across the nodes
@@ -67,3 +68,5 @@ def test_a_victim_search_out_of_budget_evicts_only_what_the_placement_needs() ->
     victims = [p.victim for p in result.preemptions if p.preemptor == "big"]
     assert len(victims) == 4
     assert len({v.split("-")[0] for v in victims}) == 1  # all on the node it will take
+    (node, gpus), = result.nominations["big"]
+    assert gpus == 4 and {f"r1-n{v.split('-')[0][1:]}" for v in victims} == {node}
