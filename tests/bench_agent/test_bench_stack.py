@@ -37,7 +37,7 @@ standard:
   train_steps: 8
   timing: {warmup: 1, repeats: 3, sample_s: 0.01}
 full:
-  rendezvous_timeout_s: 8
+  rendezvous_timeout_s: 5
 fleet:
   node_drop: 0.5
   figure_drop: 0.9

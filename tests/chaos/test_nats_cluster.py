@@ -33,7 +33,7 @@ from tests.helpers import ROOT, bucket, lens_rows, until, wait_healthy
 pytestmark = [pytest.mark.chaos, pytest.mark.e2e, pytest.mark.timeout(420)]
 
 NODES = WORKERS = 2
-ITERATIONS, CHECKPOINT_INTERVAL = 3000, 50
+ITERATIONS, CHECKPOINT_INTERVAL = 1200, 50
 DOWN_S = 5.0  # how long the killed server stays down: past failover's 3 s deadline
 WORKER = Path(__file__).with_name("chaos_worker.py")
 

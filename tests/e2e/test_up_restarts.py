@@ -1,11 +1,13 @@
 """Restarting the whole embedded stack quarantines no healthy node.
 
-`primus-safe up --nodes 2` is started and stopped ten times in one state
+`primus-safe up --nodes 2` is started and stopped six times in one state
 directory. Each start, failover replays every heartbeat stored so far
 (stamped seconds to minutes ago) while the node agents are still starting;
 before failover judged on its own clock with a deadline after its start,
 2 of 6 such restarts quarantined a healthy node. Here every round must end
-with both nodes ready and no fault ever opened."""
+with both nodes ready and no fault ever opened. (The mechanism itself is
+restarted ten times, with slow agents and skewed clocks, in
+``tests/failover/test_failover_time.py``; this test proves the whole stack.)"""
 
 from __future__ import annotations
 
@@ -23,7 +25,7 @@ from tests.helpers import ROOT, run_cli
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
 
-ROUNDS = 10
+ROUNDS = 6
 
 
 def _wait_for(log: Path, text: str, proc: subprocess.Popen[bytes], timeout: float) -> None:
@@ -36,7 +38,7 @@ def _wait_for(log: Path, text: str, proc: subprocess.Popen[bytes], timeout: floa
     raise AssertionError(f"no {text!r} from up:\n" + log.read_text(errors="replace")[-3000:])
 
 
-def test_ten_stack_restarts_quarantine_no_healthy_node(tmp_path: Path) -> None:
+def test_stack_restarts_quarantine_no_healthy_node(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("PRIMUS_")}
     env["PRIMUS_STATE_DIR"] = str(tmp_path / "state")
     for round_ in range(ROUNDS):
