@@ -13,16 +13,15 @@ its line and field while the last good configuration stays in force.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from libs.specs import SpecError, load_model
-from services.bench.gpu_peaks import DEFAULT_FLOORS, lookup, peak_floors
+from services.bench.gpu_peaks import DEFAULT_FLOORS, GemmDtype, lookup, peak_floors
 from services.bench.health import CATALOGUE
 
-GemmDtype = Literal["bf16", "fp16", "fp32", "int8", "fp8"]
-PeakDtype = Literal["bf16", "fp16", "fp32", "int8", "fp8", "hbm"]
+PeakDtype = Literal[GemmDtype, "hbm"]
 # The GPU tool's readings and a small GEMM (probes.py), and the node-health
 # catalogue (services/bench/health).
 BUILTIN_KINDS: tuple[str, ...] = ("gpu_count", "gpu_temperature", "gpu_ecc", "gpu_pcie",
@@ -106,7 +105,7 @@ class Timing(_Model):
 class StandardConfig(_Model):
     gpu_gemm_sizes: list[int] = Field(default=[4096, 8192], min_length=1)
     gpu_gemm_dtypes: list[GemmDtype] = Field(
-        default=["bf16", "fp16", "fp32", "int8", "fp8"], min_length=1,
+        default=list(get_args(GemmDtype)), min_length=1,
         description="int8 (torch._int_mm, int32 result, in TOPS) and fp8 (torch._scaled_mm, "
         "e4m3, bf16 result) run where the device supports them; elsewhere the result says "
         "why they were skipped")

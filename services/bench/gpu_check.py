@@ -22,9 +22,9 @@ from pathlib import Path
 from typing import get_args
 
 from libs.events import BenchCheck, Figure
-from services.bench.config import BenchConfig, GemmDtype
+from services.bench.config import BenchConfig
 from services.bench.fleet import judge_node
-from services.bench.gpu_peaks import Peaks, gemm_of, lookup, shares, table
+from services.bench.gpu_peaks import GemmDtype, Peaks, gemm_of, lookup, shares, table
 from services.bench.per_gpu import gpu_of, untagged
 
 _DTYPES: tuple[str, ...] = get_args(GemmDtype)

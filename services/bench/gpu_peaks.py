@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import Literal, get_args
 
 
 @dataclass(frozen=True)
@@ -121,8 +122,10 @@ class Share:
     share: float | None  # value / peak
 
 
+GemmDtype = Literal["bf16", "fp16", "fp32", "int8", "fp8"]
+"""The dtypes the standard level runs GEMMs in (figures ``gemm_<dtype>_<n>_...``)."""
 # A node's figure, or one GPU's (``gpu3_gemm_...``, services/bench/per_gpu.py).
-_GEMM = re.compile(r"^(?:gpu\d+_)?gemm_(bf16|fp16|fp32|int8|fp8)_(\d+)_(?:tflops|tops)$")
+_GEMM = re.compile(rf"^(?:gpu\d+_)?gemm_({'|'.join(get_args(GemmDtype))})_(\d+)_(?:tflops|tops)$")
 _HBM = re.compile(r"^(?:gpu\d+_)?membw_(copy|triad)_gbps$")
 
 
@@ -140,9 +143,9 @@ def shares(figures: list[tuple[str, float, str]], peaks: Peaks | None) -> list[S
     for name, value, unit in figures:
         peak = None
         if peaks is not None:
-            gemm = _GEMM.match(name)
+            gemm = gemm_of(name)
             if gemm:
-                peak = peaks.tflops.get(gemm.group(1))
+                peak = peaks.tflops.get(gemm[0])
             elif name.endswith("_busbw_gbps"):
                 peak = peaks.link_gbps
             elif _HBM.match(name):
@@ -161,9 +164,9 @@ def peak_floors(figures: list[str], peaks: Peaks | None,
         return {}
     out = {}
     for name in figures:
-        gemm = _GEMM.match(name)
-        if gemm and int(gemm.group(2)) >= FLOOR_MIN_GEMM:
-            dtype = gemm.group(1)
+        gemm = gemm_of(name)
+        if gemm and gemm[1] >= FLOOR_MIN_GEMM:
+            dtype = gemm[0]
             if dtype in peaks.tflops and dtype in fractions:
                 out[name] = round(fractions[dtype] * peaks.tflops[dtype], 3)
         elif _HBM.match(name) and peaks.hbm_gbps and "hbm" in fractions:

@@ -142,7 +142,7 @@ def _greedy(state: ClusterState, order: list[Alloc], cost: dict[str, tuple[int, 
             found = fits()
         if found is None:
             return None
-        returned = _spare_outside(state, released, found, cost, quota, returned, quota_short)
+        _spare_outside(state, released, found, cost, quota, returned, quota_short)
         for alloc in sorted(released, key=lambda a: cost[a.job.id], reverse=True):
             if checks >= budget or len(released) == 1:
                 break
@@ -160,12 +160,12 @@ def _greedy(state: ClusterState, order: list[Alloc], cost: dict[str, tuple[int, 
 
 def _spare_outside(state: ClusterState, released: list[Alloc], found: Found,
                    cost: dict[str, tuple[int, float, str]], quota: dict[str, int],
-                   returned: int, quota_short: int) -> int:
+                   returned: int, quota_short: int) -> None:
     """Give back their GPUs to the victims ``found`` can do without, most
     expensive first: the placement keeps the free GPUs it takes on each of
-    its nodes, and the quota it needs back. Exact and cheap (no search), so
-    a search that ran out of budget with many victims released still evicts
-    only what the placement needs. Returns the quota still given back."""
+    its nodes, and the quota it needs back (``returned`` of ``quota_short``
+    so far). Exact and cheap (no search), so a search that ran out of budget
+    with many victims released still evicts only what the placement needs."""
     for alloc in sorted(released, key=lambda a: cost[a.job.id], reverse=True):
         if len(released) == 1:
             break
@@ -178,7 +178,6 @@ def _spare_outside(state: ClusterState, released: list[Alloc], found: Found,
                 spare.commit()
                 released.remove(alloc)
                 returned -= back
-    return returned
 
 
 def _usable_gpus(state: ClusterState, req: Request,
