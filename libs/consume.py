@@ -52,6 +52,9 @@ BatchHandler = Callable[[list[tuple[Event, int]]], Awaitable[None]]
 RawBatchHandler = Callable[[list[Msg]], Awaitable[list[tuple[Msg, str]]]]
 MAX_ORIGIN_CHARS = 512
 _FAILED = object()  # a handler that raised (see Consumers._handled)
+# Making a durable the server refused or did not answer: the first wait
+# before asking again, doubled up to the last.
+RETRY_FIRST_S, RETRY_MAX_S = 0.5, 5.0
 
 
 @dataclass
@@ -182,11 +185,8 @@ class Consumers:
     async def _loop(self, durable: str, stream: StreamSpec, config: api.ConsumerConfig,
                     puller: Puller, on_msgs: Callable[[list[Msg], Puller], Awaitable[None]],
                     batch: int, fill_s: float, inflight: int) -> None:
-        try:
-            if config.opt_start_time is None or not await self._exists(stream, durable):
-                await self.bus.js.add_consumer(stream.name, config)
-        except nats.js.errors.APIError as exc:  # exists with other settings: use it
-            self._log.warning("consumer kept as it was", durable=durable, error=str(exc))
+        if not await self._made(durable, stream, config):
+            return  # stopped before the server made it
         slots = asyncio.Semaphore(inflight)
         running: set[asyncio.Task[None]] = set()
         # Batches in hand, with when their ack wait last started: one that
@@ -260,6 +260,45 @@ class Consumers:
                     await puller.progress(waiting)
             except Exception as exc:  # reconnecting: the server redelivers, dedup copes
                 self._log.warning("could not keep a slow batch alive", error=repr(exc))
+
+    async def _made(self, durable: str, stream: StreamSpec, config: api.ConsumerConfig) -> bool:
+        """Make the durable, asking again until the server has it; False when
+        the group stops first. A cluster electing leaders, or one without its
+        quorum, lets the request time out or refuses it for a while, and a
+        stream may not be there yet: a consumer that gave up on the first
+        try would leave its service up, healthy and deaf."""
+        delay = RETRY_FIRST_S
+        while not self._stopping.is_set():
+            try:
+                if config.opt_start_time is None or not await self._exists(stream, durable):
+                    await self.bus.js.add_consumer(stream.name, config)
+                return True
+            except (nats.errors.ConnectionClosedError, nats.errors.DrainTimeoutError):
+                return False
+            except Exception as exc:
+                if await self._kept(stream, durable, exc):
+                    return True
+                self._log.warning("cannot make the consumer yet; asking again",
+                                  durable=durable, stream=stream.name, error=repr(exc),
+                                  retry_in_s=delay)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stopping.wait(), delay)
+            delay = min(delay * 2, RETRY_MAX_S)
+        return False
+
+    async def _kept(self, stream: StreamSpec, durable: str, exc: Exception) -> bool:
+        """Whether a refused create found the durable there with other
+        settings (an older release made it): it is used as it is."""
+        if not isinstance(exc, nats.js.errors.APIError) or isinstance(
+                exc, nats.js.errors.ServiceUnavailableError):
+            return False
+        try:
+            exists = await self._exists(stream, durable)
+        except Exception:
+            return False
+        if exists:
+            self._log.warning("consumer kept as it was", durable=durable, error=str(exc))
+        return exists
 
     async def _exists(self, stream: StreamSpec, durable: str) -> bool:
         """Whether the durable is there already. A durable made to start at

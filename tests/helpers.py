@@ -101,6 +101,30 @@ def stack_cli_env(state_dir: Path) -> dict[str, str]:
     return env
 
 
+def trouble(log_dir: Path, last: int = 8) -> str:
+    """The last ``last`` warnings and errors of each service log in
+    ``log_dir`` (JSON lines), for a failed stack test's message: CI keeps
+    the message, not the stack's directory."""
+    parts = []
+    for path in sorted(log_dir.glob("*.log")):
+        found = []
+        for line in path.read_text(errors="replace").splitlines():
+            with contextlib.suppress(ValueError):
+                entry = json.loads(line)
+                if isinstance(entry, dict) and entry.get("level") in ("warning", "error",
+                                                                       "critical"):
+                    found.append(f"  {entry.get('timestamp', '')} {entry['level']} "
+                                 f"{entry.get('event', '')} {_rest(entry)}")
+        if found:
+            parts.append(f"{path.name}:\n" + "\n".join(found[-last:]))
+    return "\n".join(parts) or "(no warnings or errors logged)"
+
+
+def _rest(entry: dict[str, Any]) -> str:
+    skip = {"timestamp", "level", "event", "service"}
+    return " ".join(f"{k}={v}" for k, v in entry.items() if k not in skip)[:400]
+
+
 async def wait_healthy(bus: Bus, service: str, node: str | None = None,
                        timeout: float = 90) -> dict:  # type: ignore[type-arg]
     """A service's health reply, asking until it answers (it may be starting)."""

@@ -45,7 +45,7 @@ from tests.chaos.invariants import (
     resume_violations,
 )
 from tests.chaos.schedule import Kill, plan_kills
-from tests.helpers import ROOT, bucket
+from tests.helpers import ROOT, bucket, trouble
 
 pytestmark = [pytest.mark.chaos, pytest.mark.e2e, pytest.mark.timeout(480)]
 
@@ -121,7 +121,8 @@ def test_chaos_kills_keep_the_invariants(seed: int, tmp_path: Path) -> None:
         found = asyncio.run(_run(stack, seed, kills, tmp_path, log))
     except Exception as exc:
         raise AssertionError(f"chaos seed {seed} failed: {exc}; timeline {log}; logs in "
-                             f"{stack.state_dir / 'logs'}") from exc
+                             f"{stack.state_dir / 'logs'}"
+                             f"\n{trouble(stack.state_dir / 'logs')}") from exc
     finally:
         stack.stop()
     print(f"chaos seed {seed} timeline: {log}")

@@ -28,7 +28,7 @@ from libs.embedded import SERVICES, EmbeddedStack, NatsCluster, NatsServer
 from libs.events import JobSpec, JobSubmitted, JobSubmittedData, parse_event
 from libs.sdk import latest_complete_checkpoint
 from tests.chaos.invariants import history_violations, quarantine_violations
-from tests.helpers import ROOT, bucket, lens_rows, until, wait_healthy
+from tests.helpers import ROOT, bucket, lens_rows, trouble, until, wait_healthy
 
 pytestmark = [pytest.mark.chaos, pytest.mark.e2e, pytest.mark.timeout(420)]
 
@@ -60,7 +60,8 @@ def test_a_killed_nats_server_loses_nothing(stack: EmbeddedStack, victim: str,
         asyncio.run(_run(stack, victim, tmp_path, log))
     except Exception as exc:
         raise AssertionError(f"{victim}: {exc}; timeline {log}; logs in "
-                             f"{stack.state_dir / 'logs'}") from exc
+                             f"{stack.state_dir / 'logs'}"
+                             f"\n{trouble(stack.state_dir / 'logs')}") from exc
     print(f"{victim}: {log}")
 
 

@@ -1,6 +1,7 @@
 """A durable with ``replay_s`` (libs/routes.Consumer): made new, it starts
 that far back in the stream rather than at its beginning; made before, it
-goes on from where it was. Real nats-server."""
+goes on from where it was; one that cannot be made yet is asked for again.
+Real nats-server."""
 
 from __future__ import annotations
 
@@ -47,3 +48,28 @@ async def test_a_new_durable_starts_replay_s_back_and_an_old_one_goes_on(bus: Bu
     assert seen == [2, 3, 4]
     info = await bus.js.consumer_info(CONTROL.name, "replayed")
     assert info.config.deliver_policy == "by_start_time"  # made once, not made again
+
+
+async def test_a_consumer_started_before_its_stream_is_made_once_the_stream_is_there(
+        bus: Bus) -> None:
+    """The stream is gone when the consumer starts (an operator deleted it, or
+    the service that declares it is not up yet): the server refuses the
+    durable, and the consumer asks again until it can make it, rather than
+    fetching from nothing for ever."""
+    seen: list[int] = []
+
+    async def handler(event: Event) -> None:
+        assert isinstance(event, NodeAgentStopping)
+        seen.append(int(event.data.back_within_s))
+
+    await bus.js.delete_stream(CONTROL.name)
+    group = bus.group()
+    group.consume(durable="late", subjects=["safe.node.n1.agent_stopping"], stream=CONTROL,
+                  handler=handler)
+    try:
+        await asyncio.sleep(1.0)  # refused at least once
+        await bus.ensure_topology()
+        await bus.publish(beat(7))
+        await until(lambda: asyncio.sleep(0, seen == [7]), "the event on the late stream")
+    finally:
+        await bus.stop_group(group)

@@ -3,7 +3,8 @@ when the server they are on dies: the bus, the lean pull connection and
 failover's heartbeat listener each go on through another member by
 themselves, even when they were given one server's URL only (the others are
 the ones the cluster announced), and the login that rode in that URL still
-signs them in there."""
+signs them in there. A durable consumer started while the cluster has lost
+its quorum is made once the quorum is back."""
 
 from __future__ import annotations
 
@@ -11,9 +12,9 @@ import asyncio
 
 from libs import natsfast
 from libs.beats import BeatListener
-from libs.bus import Bus
+from libs.bus import CONTROL, Bus
 from libs.embedded import NatsCluster, NatsServer
-from libs.events import HeartbeatData, NodeHeartbeat
+from libs.events import AgentStoppingData, Event, HeartbeatData, NodeAgentStopping, NodeHeartbeat
 from tests.helpers import until
 
 
@@ -99,3 +100,41 @@ async def test_heartbeats_are_heard_again_after_the_listeners_server_dies(
         await listener.stop()
         await sender.close()
         await listener_bus.close()
+
+
+async def test_a_consumer_started_without_a_quorum_is_made_when_the_quorum_is_back(
+        nats_cluster: NatsCluster) -> None:
+    """Two of three members are down when a service starts its consumer: the
+    request to make the durable times out (no JetStream leader answers).
+    The consumer asks again until the members are back, then delivers,
+    instead of ending with the timeout and leaving its service deaf."""
+    first, *others = nats_cluster.servers
+    bus = await Bus.connect(first.url, "test")
+    seen: list[str] = []
+
+    async def handler(event: Event) -> None:
+        seen.append(event.id)
+
+    group = bus.group()
+    try:
+        await bus.ensure_topology(3)
+        for server in others:
+            server.kill()
+        group.consume(durable="patient", subjects=["safe.node.n1.agent_stopping"],
+                      stream=CONTROL, handler=handler)
+        await asyncio.sleep(6.0)  # past the 5 s the first request waits for its answer
+        for server in others:
+            await asyncio.to_thread(server.start)
+        event = NodeAgentStopping(source="test", node="n1",
+                                  data=AgentStoppingData(back_within_s=1, reason="test"))
+
+        async def published() -> bool:
+            await bus.publish(event)  # stored, or stored by an earlier try
+            return True
+
+        await until(published, "a publish with the quorum back", 60)
+        await until(lambda: asyncio.sleep(0, seen == [event.id]),
+                    "the event through the consumer made late", 60)
+    finally:
+        await bus.stop_group(group)
+        await bus.close()
