@@ -126,7 +126,8 @@ async def read_bucket(bus: Bus, spec: BucketSpec[R], *, missing_ok: bool = False
     record this release cannot read (a newer version) is named on stderr and
     left out rather than failing the verb."""
     try:
-        records = await bus.records(spec, appear_s=0)  # a CLI says "not there" at once
+        # A CLI says "not there" or "not answering" at once, for the operator.
+        records = await bus.records(spec, appear_s=0, ready_s=0)
         found = await records.load()
     except BucketNotFoundError:
         if missing_ok:

@@ -209,6 +209,13 @@ class Served:
 
 # How long a bucket that is not found is asked for again (see Bus.kv).
 BUCKET_APPEAR_S = 10.0
+# How long JetStream that does not answer, or answers that it is not ready
+# (a cluster electing leaders, or without its quorum), is waited for.
+JETSTREAM_READY_S = 60.0
+# What JetStream says while it cannot answer yet: no answer in time, no
+# server listening, or 503 (no leader).
+_NOT_READY = (nats.errors.TimeoutError, nats.errors.NoRespondersError,
+              nats.js.errors.ServiceUnavailableError)
 
 
 class Bus:
@@ -349,7 +356,8 @@ class Bus:
         return cls(nc, service, broker=broker, url=url if lean else None, token=token,
                    link=link, routes=routes, login=(user, password) if user else None)
 
-    async def ensure_topology(self, replicas: int = 1, *, ready_s: float = 60.0) -> None:
+    async def ensure_topology(self, replicas: int = 1, *,
+                              ready_s: float = JETSTREAM_READY_S) -> None:
         """Declare streams and KV buckets; safe to call from every service.
         ``replicas``: copies of each on a NATS cluster (3 survives the loss of
         a server); a running stream is moved to the new count by its update.
@@ -360,8 +368,7 @@ class Bus:
         while True:
             try:
                 return await self._declare(replicas)
-            except (nats.errors.TimeoutError, nats.errors.NoRespondersError,
-                    nats.js.errors.ServiceUnavailableError, nats.js.errors.APIError) as exc:
+            except (*_NOT_READY, nats.js.errors.APIError) as exc:
                 waiting = not isinstance(exc, nats.js.errors.APIError) or (
                     exc.code == 503 or exc.err_code == INSUFFICIENT_RESOURCES)
                 if not waiting or asyncio.get_running_loop().time() > deadline:
@@ -381,24 +388,35 @@ class Bus:
                 bucket=bucket.name, description=bucket.description, history=bucket.history,
                 storage=api.StorageType.FILE, replicas=replicas))
 
-    async def records(self, spec: BucketSpec[R], *,
-                      appear_s: float = BUCKET_APPEAR_S) -> Records[R]:
+    async def records(self, spec: BucketSpec[R], *, appear_s: float = BUCKET_APPEAR_S,
+                      ready_s: float = JETSTREAM_READY_S) -> Records[R]:
         """A bucket as typed records (``libs.records``), written revision-checked."""
-        return Records(await self.kv(spec.name, appear_s=appear_s), spec, self.nc)
+        return Records(await self.kv(spec.name, appear_s=appear_s, ready_s=ready_s),
+                       spec, self.nc)
 
-    async def kv(self, bucket: str, *, appear_s: float = BUCKET_APPEAR_S) -> KeyValue:
+    async def kv(self, bucket: str, *, appear_s: float = BUCKET_APPEAR_S,
+                 ready_s: float = JETSTREAM_READY_S) -> KeyValue:
         """A KV bucket. On a NATS cluster a bucket the topology just created
         can be unknown to the member answering for a moment (its stream is
         still being placed): asked again for up to ``appear_s`` before the
-        BucketNotFoundError stands."""
-        deadline = asyncio.get_running_loop().time() + appear_s
+        BucketNotFoundError stands. A cluster that cannot answer yet (it is
+        electing the bucket's leader, or a member is coming back) is asked
+        again for up to ``ready_s``: a service starting then would otherwise
+        exit on its first request."""
+        loop = asyncio.get_running_loop()
+        started = loop.time()
         delay = 0.1
         while True:
             try:
                 return await self.js.key_value(bucket)
             except nats.js.errors.BucketNotFoundError:
-                if asyncio.get_running_loop().time() + delay > deadline:
+                if loop.time() + delay > started + appear_s:
                     raise
+            except _NOT_READY as exc:
+                if loop.time() + delay > started + ready_s:
+                    raise
+                self._log.warning("JetStream not ready; asking for the bucket again",
+                                  bucket=bucket, error=repr(exc))
             await asyncio.sleep(delay)
             delay = min(delay * 2, 1.0)
 

@@ -3,12 +3,14 @@ when the server they are on dies: the bus, the lean pull connection and
 failover's heartbeat listener each go on through another member by
 themselves, even when they were given one server's URL only (the others are
 the ones the cluster announced), and the login that rode in that URL still
-signs them in there. A durable consumer started while the cluster has lost
-its quorum is made once the quorum is back."""
+signs them in there. A durable consumer started, or a KV bucket asked for,
+while the cluster has lost its quorum is there once the quorum is back."""
 
 from __future__ import annotations
 
 import asyncio
+
+import nats.js.errors
 
 from libs import natsfast
 from libs.beats import BeatListener
@@ -137,4 +139,40 @@ async def test_a_consumer_started_without_a_quorum_is_made_when_the_quorum_is_ba
                     "the event through the consumer made late", 60)
     finally:
         await bus.stop_group(group)
+        await bus.close()
+
+
+async def test_a_bucket_asked_for_without_a_quorum_is_handed_over_when_the_quorum_is_back(
+        nats_cluster: NatsCluster) -> None:
+    """What a service asks for first at start, its buckets: with two of
+    three members down, the bucket's leader among them, the request times
+    out, and while they come back JetStream answers 503. ``Bus.kv`` asks
+    again until the bucket answers, instead of ending the service's start
+    with the first error."""
+    bus = await Bus.connect(nats_cluster.url, "test")
+    try:
+        await bus.ensure_topology(3)
+        leader = (await bus.js.stream_info("KV_jobs")).cluster.leader  # type: ignore[union-attr]
+        others = [s for s in nats_cluster.servers if s.name != leader][1:]
+        others.append(nats_cluster.member(str(leader)))
+        for server in others:  # a follower survives alone
+            server.kill()
+
+        async def unanswered() -> bool:
+            try:
+                await asyncio.wait_for(bus.js.stream_info("KV_jobs"), 1)
+            except (TimeoutError, nats.js.errors.ServiceUnavailableError):
+                return True
+            return False
+
+        await until(unanswered, "the bucket's stream to stop answering", 30)
+        asked = asyncio.create_task(bus.kv("jobs"))
+        await asyncio.sleep(3.0)
+        assert not asked.done()
+        for server in others:
+            await asyncio.to_thread(server.start)
+        jobs = await asyncio.wait_for(asked, 60)
+        await until(lambda: jobs.put("j1", b"{}"), "a write to the bucket", 30)
+        assert (await jobs.get("j1")).value == b"{}"
+    finally:
         await bus.close()
