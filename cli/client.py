@@ -19,9 +19,10 @@ from urllib.parse import urlsplit
 from nats.js.errors import BucketNotFoundError
 
 from cli.routes import ROUTES as CLI_ROUTES
-from libs.bus import Bus, shown_url
+from libs.bus import BUCKET_APPEAR_S, Bus, shown_url
 from libs.embedded import STACK_FILE, StackFileError, is_running, read_stack_file
 from libs.events import JobSpec, JobSubmitted, JobSubmittedData, check_key
+from libs.kv import Records
 from libs.records import BucketSpec, R
 from libs.settings import Settings
 from libs.specs import load_model
@@ -120,14 +121,21 @@ async def connect(settings: Settings) -> Bus:
     raise CliError(f"cannot reach the bus at {shown_url(url)} ({reason}); looked at {where}; {fix}")
 
 
+async def state_bucket(bus: Bus, spec: BucketSpec[R], *,
+                       appear_s: float = BUCKET_APPEAR_S) -> Records[R]:
+    """A state bucket for a verb. A JetStream that cannot answer is reported
+    on the first try (services wait ``JETSTREAM_READY_S`` for it): the
+    operator gets the error now, not a minute of retries."""
+    return await bus.records(spec, appear_s=appear_s, ready_s=0)
+
+
 async def read_bucket(bus: Bus, spec: BucketSpec[R], *, missing_ok: bool = False
                       ) -> dict[str, R]:
     """Every record of a state bucket, by key, read through its model. A
     record this release cannot read (a newer version) is named on stderr and
     left out rather than failing the verb."""
     try:
-        # A CLI says "not there" or "not answering" at once, for the operator.
-        records = await bus.records(spec, appear_s=0, ready_s=0)
+        records = await state_bucket(bus, spec, appear_s=0)  # "not there" at once, too
         found = await records.load()
     except BucketNotFoundError:
         if missing_ok:

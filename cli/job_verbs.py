@@ -17,7 +17,7 @@ import json
 import socket
 from typing import Any
 
-from cli.client import CliError, connect, wait_for
+from cli.client import CliError, connect, state_bucket, wait_for
 from cli.output import load_settings
 from libs.bus import Bus
 from libs.events import (
@@ -80,7 +80,7 @@ async def control(action: Action, job: str, *, reason: str = "", wait: bool = Tr
 
 async def _control(bus: Bus, action: Action, job: str, reason: str, wait: bool,
                    timeout_s: float) -> dict[str, Any]:
-    records = await bus.records(JOBS)
+    records = await state_bucket(bus, JOBS)
     try:
         record = await records.get(job)
     except ValueError as exc:

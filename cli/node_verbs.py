@@ -16,7 +16,7 @@ import json
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from cli.client import CliError, connect, wait_for
+from cli.client import CliError, connect, state_bucket, wait_for
 from cli.job_verbs import operator
 from cli.output import load_settings
 from libs.bus import Bus
@@ -92,8 +92,8 @@ async def _on_bus(fn: Callable[[Bus], Awaitable[dict[str, Any]]]) -> dict[str, A
 async def node_act(action: str, node: str, *, reason: str = "", wait: bool = True,
                    timeout_s: float = 300.0) -> dict[str, Any]:
     async def act(bus: Bus) -> dict[str, Any]:
-        nodes = await bus.records(NODES)
-        jobs = await bus.records(JOBS)
+        nodes = await state_bucket(bus, NODES)
+        jobs = await state_bucket(bus, JOBS)
         record = await nodes.get(node)
         if record is None:
             raise CliError(f"node {node} not found (primus-safe nodes lists them)")
@@ -145,7 +145,7 @@ async def node_act(action: str, node: str, *, reason: str = "", wait: bool = Tru
 async def close_fault(fault_id: str, *, reason: str = "", wait: bool = True,
                       timeout_s: float = 300.0) -> dict[str, Any]:
     async def act(bus: Bus) -> dict[str, Any]:
-        faults = await bus.records(FAULTS)
+        faults = await state_bucket(bus, FAULTS)
         try:
             record = await faults.get(fault_id)
         except ValueError as exc:

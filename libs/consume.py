@@ -289,8 +289,7 @@ class Consumers:
     async def _kept(self, stream: StreamSpec, durable: str, exc: Exception) -> bool:
         """Whether a refused create found the durable there with other
         settings (an older release made it): it is used as it is."""
-        if not isinstance(exc, nats.js.errors.APIError) or isinstance(
-                exc, nats.js.errors.ServiceUnavailableError):
+        if not isinstance(exc, nats.js.errors.APIError):
             return False
         try:
             exists = await self._exists(stream, durable)

@@ -107,22 +107,28 @@ def trouble(log_dir: Path, last: int = 8) -> str:
     the message, not the stack's directory."""
     parts = []
     for path in sorted(log_dir.glob("*.log")):
-        found = []
-        for line in path.read_text(errors="replace").splitlines():
-            with contextlib.suppress(ValueError):
-                entry = json.loads(line)
-                if isinstance(entry, dict) and entry.get("level") in ("warning", "error",
-                                                                       "critical"):
-                    found.append(f"  {entry.get('timestamp', '')} {entry['level']} "
-                                 f"{entry.get('event', '')} {_rest(entry)}")
+        found = [_shown(e) for e in _json_lines(path)
+                 if e.get("level") in ("warning", "error", "critical")]
         if found:
             parts.append(f"{path.name}:\n" + "\n".join(found[-last:]))
     return "\n".join(parts) or "(no warnings or errors logged)"
 
 
-def _rest(entry: dict[str, Any]) -> str:
-    skip = {"timestamp", "level", "event", "service"}
-    return " ".join(f"{k}={v}" for k, v in entry.items() if k not in skip)[:400]
+def _json_lines(path: Path) -> list[dict[str, Any]]:
+    """The JSON objects of a log (a service's structlog lines; others skipped)."""
+    entries = []
+    for line in path.read_text(errors="replace").splitlines():
+        with contextlib.suppress(ValueError):
+            entry = json.loads(line)
+            if isinstance(entry, dict):
+                entries.append(entry)
+    return entries
+
+
+def _shown(entry: dict[str, Any]) -> str:
+    rest = " ".join(f"{k}={v}" for k, v in entry.items()
+                    if k not in ("timestamp", "level", "event", "service"))
+    return f"  {entry.get('timestamp', '')} {entry['level']} {entry.get('event', '')} {rest[:400]}"
 
 
 async def wait_healthy(bus: Bus, service: str, node: str | None = None,

@@ -11,6 +11,8 @@ import asyncio
 import json
 import os
 import signal
+import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +21,8 @@ import pytest
 from cli.client import CliError
 from cli.job_verbs import _control
 from libs.bus import Bus
-from libs.drivers.local import reap_all
+from libs.drivers.local import free_port, reap_all
+from libs.embedded import nats_server_binary, wait_for_port
 from libs.events import JobSpec, JobSubmitted, JobSubmittedData
 from libs.records import JobRecord
 from libs.sdk import latest_complete_checkpoint
@@ -275,3 +278,29 @@ async def test_a_request_the_job_outran_is_answered_at_once(bus: Bus) -> None:
     result = await _control(bus, "cancel", "other-op", "", True, 60)
     await moved
     assert result["changed"] is False and "already being cancelled" in result["message"]
+
+
+def test_a_verb_on_a_bus_whose_jetstream_does_not_answer_fails_at_once(tmp_path: Path) -> None:
+    """A NATS server without JetStream (or a cluster without its quorum):
+    services wait for it (``Bus.kv``'s ``ready_s``), an operator's verb does
+    not. It fails on the first answer, and its stdout, which scripts read
+    with ``--json``, carries no retry warnings."""
+    port = free_port()
+    server = subprocess.Popen([nats_server_binary(), "-a", "127.0.0.1", "-p", str(port)],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_for_port(port)
+        env = {k: v for k, v in os.environ.items() if not k.startswith("PRIMUS_")}
+        env.update(PRIMUS_NATS_URL=f"nats://127.0.0.1:{port}",
+                   PRIMUS_STATE_DIR=str(tmp_path / "state"))
+        for verb in (["node", "cordon", "n1", "--json"], ["stop", "j1", "--json"],
+                     ["jobs", "--json"]):
+            started = time.monotonic()
+            out = run_cli(*verb, env=env, timeout=120)
+            took = time.monotonic() - started
+            assert out.returncode != 0, (verb, out.stdout)
+            assert out.stdout == "", (verb, out.stdout[:500])
+            assert took < 15, (verb, took, out.stderr[-500:])
+    finally:
+        server.terminate()
+        server.wait(10)
