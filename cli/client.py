@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
-from nats.js.errors import BucketNotFoundError
+import nats.errors
+from nats.js.errors import BucketNotFoundError, ServiceUnavailableError
 
 from cli.routes import ROUTES as CLI_ROUTES
 from libs.bus import BUCKET_APPEAR_S, Bus, shown_url
@@ -121,6 +122,19 @@ async def connect(settings: Settings) -> Bus:
     raise CliError(f"cannot reach the bus at {shown_url(url)} ({reason}); looked at {where}; {fix}")
 
 
+def bus_failure(exc: BaseException) -> str:
+    """What a NATS error means, in words an operator can act on (the
+    client's own text for a 503 is "code=None err_code=None ...")."""
+    if isinstance(exc, ServiceUnavailableError):
+        return ("JetStream did not answer (503: it is not enabled on this server, or its "
+                "cluster has no leader)")
+    if isinstance(exc, nats.errors.NoRespondersError):
+        return "nothing answered (no JetStream on this server?)"
+    if isinstance(exc, nats.errors.TimeoutError):
+        return "the request timed out"
+    return str(exc) or type(exc).__name__
+
+
 async def state_bucket(bus: Bus, spec: BucketSpec[R], *,
                        appear_s: float = BUCKET_APPEAR_S) -> Records[R]:
     """A state bucket for a verb. A JetStream that cannot answer is reported
@@ -143,8 +157,8 @@ async def read_bucket(bus: Bus, spec: BucketSpec[R], *, missing_ok: bool = False
         raise CliError(f"no {spec.name!r} bucket on this bus: no platform service has run "
                        "here; start one with `primus-safe up`") from None
     except Exception as exc:
-        raise CliError(f"cannot read the {spec.name!r} bucket: {exc}; is the platform up?"
-                       ) from None
+        raise CliError(f"cannot read the {spec.name!r} bucket: {bus_failure(exc)}; is the "
+                       "platform up?") from None
     for key, why in records.unreadable.items():
         print(f"primus-safe: skipped {spec.name}/{key}: {why}", file=sys.stderr)
     return found

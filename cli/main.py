@@ -38,8 +38,10 @@ from functools import partial  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
 
+import nats.errors  # noqa: E402
+
 from cli import job_verbs, lens_verbs, logs_verb, node_verbs  # noqa: E402
-from cli.client import CliError, connect, read_bucket, submit  # noqa: E402
+from cli.client import CliError, bus_failure, connect, read_bucket, submit  # noqa: E402
 from cli.output import (  # noqa: E402
     add_output_flags,
     format_table,
@@ -48,6 +50,7 @@ from cli.output import (  # noqa: E402
     watch,
 )
 from libs.events import check_key  # noqa: E402
+from libs.logs import configure  # noqa: E402
 from libs.records import FAULTS, JOBS, NODES, BucketSpec, JobRecord, NodeRecord, R  # noqa: E402
 from libs.specs import SpecError  # noqa: E402
 
@@ -336,6 +339,10 @@ def _quiet_stdout() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    # stdout is the verb's answer, which scripts read with --json: log lines
+    # (a bus reconnecting, a retry) go to stderr, and only warnings and
+    # worse. A service verb and `up` configure logging again as services.
+    configure("cli", "warning")
     try:
         code = dispatch(build_parser().parse_args(argv))
         sys.stdout.flush()  # a closed pipe shows here, inside the handler
@@ -345,6 +352,12 @@ def main(argv: list[str] | None = None) -> int:
         return 141  # what a shell reports for a reader that stopped early (128 + SIGPIPE)
     except (CliError, SpecError) as exc:
         print(f"primus-safe: {exc}", file=sys.stderr)
+        return 1
+    except nats.errors.Error as exc:
+        # The bus failed mid-verb (a request timed out, JetStream lost its
+        # quorum): one line, as for any other operator error.
+        print(f"primus-safe: the bus failed: {bus_failure(exc)}; is the platform up?",
+              file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130

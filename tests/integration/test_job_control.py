@@ -283,8 +283,8 @@ async def test_a_request_the_job_outran_is_answered_at_once(bus: Bus) -> None:
 def test_a_verb_on_a_bus_whose_jetstream_does_not_answer_fails_at_once(tmp_path: Path) -> None:
     """A NATS server without JetStream (or a cluster without its quorum):
     services wait for it (``Bus.kv``'s ``ready_s``), an operator's verb does
-    not. It fails on the first answer, and its stdout, which scripts read
-    with ``--json``, carries no retry warnings."""
+    not. It fails on the first answer with one line on stderr, and its
+    stdout, which scripts read with ``--json``, carries no retry warnings."""
     port = free_port()
     server = subprocess.Popen([nats_server_binary(), "-a", "127.0.0.1", "-p", str(port)],
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -301,6 +301,10 @@ def test_a_verb_on_a_bus_whose_jetstream_does_not_answer_fails_at_once(tmp_path:
             assert out.returncode != 0, (verb, out.stdout)
             assert out.stdout == "", (verb, out.stdout[:500])
             assert took < 15, (verb, took, out.stderr[-500:])
+            # One line for the operator, not a traceback.
+            assert "Traceback" not in out.stderr, (verb, out.stderr[-800:])
+            assert out.stderr.strip().splitlines()[-1].startswith("primus-safe: "), \
+                (verb, out.stderr[-500:])
     finally:
         server.terminate()
         server.wait(10)
