@@ -84,7 +84,10 @@ class CheckpointWatch:
             else:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(changed.wait(), self.poll_s)
-            self._schedule()
+            try:
+                self._schedule()  # the directory may have appeared since start
+            except OSError as exc:  # inotify limits: polled next time
+                self._log.warning("checkpoint directory not watched", error=repr(exc))
             # Quiet for settle_s: a checkpoint being written keeps waking us.
             while True:
                 changed.clear()

@@ -376,7 +376,12 @@ async def follow(election: LeaderElection, *, lead: Callable[[int], Awaitable[No
             if term is None:
                 await lead_term(await election.wait_elected())
             reason = await election.wait_deposed()
-            await abdicate(reason)
+            try:
+                await abdicate(reason)
+            except Exception:
+                # The follower must live on to lead the next term; a dead
+                # one keeps renewing the lease and never leads again.
+                log.exception("abdicating failed", reason=reason)
             term = None
 
     first: int | None = None

@@ -164,6 +164,7 @@ class BenchAgent:
         self.probe_reports = 0
         self.busy: str | None = None  # the request being measured
         self.expected_devices: int | None = None  # from the inventory, via requests
+        self._last_device: tuple[str, int, str] | None = None  # for probe reports
         self._answered: set[str] = set()
         self._tasks: list[asyncio.Task[None]] = []
         self._probes: set[asyncio.Task[None]] = set()
@@ -432,32 +433,44 @@ class BenchAgent:
     async def _probe_loop(self) -> None:
         last_error = self.config.error
         while True:
-            now = time.monotonic()
-            if self.config.reload():
-                wanted = self._probes_wanted()
-                self.schedule.reconfigure(wanted, now=now)
-                self._log.info("bench config loaded", path=str(self.config.path),
-                               probes=[c.name for c in wanted])
-            if self.config.error and self.config.error != last_error:
-                self._log.error("bench config refused; keeping the last good one",
-                                error=self.config.error)
-            last_error = self.config.error
-            for report in self.schedule.expire(now):
-                await self._report_probe(report)
-            if self.busy is None:  # never perturb a measurement
-                for action in self.schedule.due(now):
-                    if isinstance(action, Start):
-                        task = asyncio.create_task(self._run_probe(action))
-                        self._probes.add(task)
-                        task.add_done_callback(self._probes.discard)
-                    elif isinstance(action, Skip):
-                        self._log.warning("probe skipped", check=action.name,
-                                          reason=action.reason)
-                    else:
-                        await self._report_probe(action)
-            wait = self.schedule.next_wake(now) - time.monotonic()
-            await asyncio.sleep(min(max(wait, 0.05 if self.busy is None else 0.5),
-                                    CONFIG_POLL_S))
+            try:
+                last_error = await self._probe_turn(last_error)
+            except Exception:
+                # The loop outlives any one turn: without it the node keeps
+                # beating, looks healthy, and is never probed again.
+                self._log.exception("probe loop turn failed; going on")
+                await asyncio.sleep(1.0)
+
+    async def _probe_turn(self, last_error: str | None) -> str | None:
+        """Reload the configuration, report what is due, start what is due,
+        then sleep until the next probe is; the configuration error seen."""
+        now = time.monotonic()
+        if self.config.reload():
+            wanted = self._probes_wanted()
+            self.schedule.reconfigure(wanted, now=now)
+            self._log.info("bench config loaded", path=str(self.config.path),
+                           probes=[c.name for c in wanted])
+        if self.config.error and self.config.error != last_error:
+            self._log.error("bench config refused; keeping the last good one",
+                            error=self.config.error)
+        last_error = self.config.error
+        for report in self.schedule.expire(now):
+            await self._report_probe(report)
+        if self.busy is None:  # never perturb a measurement
+            for action in self.schedule.due(now):
+                if isinstance(action, Start):
+                    task = asyncio.create_task(self._run_probe(action))
+                    self._probes.add(task)
+                    task.add_done_callback(self._probes.discard)
+                elif isinstance(action, Skip):
+                    self._log.warning("probe skipped", check=action.name,
+                                      reason=action.reason)
+                else:
+                    await self._report_probe(action)
+        wait = self.schedule.next_wake(now) - time.monotonic()
+        await asyncio.sleep(min(max(wait, 0.05 if self.busy is None else 0.5),
+                                CONFIG_POLL_S))
+        return last_error
 
     def _probes_wanted(self) -> list[CheckConfig]:
         """The configured probes and the node-health catalogue's (unless the
@@ -528,11 +541,11 @@ class BenchAgent:
                           action=spec.action if spec is not None else "quarantine")
         if spec is not None and spec.action == "report":
             return  # logged and counted: the operator's alerting decides
-        kind, count, name, _ = await asyncio.to_thread(probes.detect_device)
+        kind, count, name = await self._device_for_report()
         what = f" ({fault}, {severity})" if fault else ""
         reason = (f"health probe {report.name}{what} failed {report.consecutive} time(s) in a "
                   f"row: {report.detail}")
-        with contextlib.suppress(Exception):
+        try:
             await self.bus.publish(BenchResult(
                 source=self.source, node=self.node,
                 data=BenchResultData(
@@ -542,8 +555,25 @@ class BenchAgent:
                     checks=[BenchCheck(name=report.name, status="failed", detail=report.detail)],
                 ),
             ))
-            self.probe_reports += 1
-            _count(self._results_total, "quick", "failed")
+        except Exception as exc:
+            # Said once per streak: a report the bus did not take is an error
+            # an operator must see (the node is not quarantined).
+            self._log.error("probe failure not reported", check=report.name, error=repr(exc))
+            return
+        self.probe_reports += 1
+        _count(self._results_total, "quick", "failed")
+
+    async def _device_for_report(self) -> tuple[str, int, str]:
+        """The node's devices for a failed-probe report. A faulted GPU can
+        fail the very query that names it: then the last answer (or an
+        unknown device), so the report still goes out."""
+        try:
+            kind, count, name, _ = await asyncio.to_thread(probes.detect_device)
+        except Exception as exc:
+            self._log.warning("devices not detected for the probe report", error=repr(exc))
+            return self._last_device or ("unknown", self.expected_devices or 0, "")
+        self._last_device = (kind, count, name)
+        return self._last_device
 
     async def stop(self) -> None:
         if self._gate is not None:

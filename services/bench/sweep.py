@@ -98,8 +98,12 @@ class Sweeps:
         async def grant(names: list[str]) -> None:
             for name in names:
                 msg = pending.pop(name, None)
-                if msg is not None:
+                if msg is None:
+                    continue
+                try:
                     await msg.respond(b'{"ok": true}')
+                except Exception as exc:  # an asker gone (or the bus): the next turn goes on
+                    self._log.warning("turn not granted", node=name, error=repr(exc))
 
         async def on_msg(msg: Any) -> None:
             try:

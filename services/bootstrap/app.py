@@ -294,7 +294,19 @@ class Bootstrap:
 
     async def _finish_drain(self, node: str) -> None:
         """Wait until no job runs on ``node`` (the scheduler evacuates any node
-        that is not ready), then remove it."""
+        that is not ready), then remove it. A drain can take hours: a bus
+        hiccup on the way (a read timing out) is logged and tried again, or
+        the node would stay draining until bootstrap restarts."""
+        while True:
+            try:
+                await self._drain_once(node)
+                return
+            except Exception as exc:
+                self._log.warning("drain check failed; trying again", node=node,
+                                  error=repr(exc), retry_in_s=self.drain_poll_s)
+                await asyncio.sleep(self.drain_poll_s)
+
+    async def _drain_once(self, node: str) -> None:
         assert self.bus is not None
         jobs = await self.bus.records(JOBS)
         shown: list[str] = []

@@ -450,8 +450,11 @@ class Scheduler:
                     await self._tick()
                     await self.cycle()
             except NotLeader as exc:
-                self._log.warning("cycle stopped: not the leader", reason=str(exc))
-                return
+                # Deposed: _abdicate cancels this loop. Until it does (or when
+                # a renewal's late ack still lands and keeps the term) the
+                # loop waits for its next turn rather than ending, or the
+                # leader would hold its lease and never place again.
+                self._log.warning("cycle skipped: not the leader", reason=str(exc))
             except Exception:
                 self._log.exception("scheduling cycle failed")
 

@@ -243,3 +243,30 @@ async def test_a_restart_keeps_the_hosts_file_last_handed_over(bus: Bus, tmp_pat
         assert newest.hosts == release and "w-3" in newest.nodes
     finally:
         await newest.stop()
+
+
+async def test_a_drain_outlives_a_failing_read_of_the_jobs(bus: Bus, tmp_path: Path) -> None:
+    """A drain can last hours. A read of the jobs bucket that fails on the
+    way (here the bucket is gone for a while) is tried again, and the node
+    is still removed once nothing runs there."""
+    hosts = local_hosts(2)
+    service = Bootstrap(Settings(state_dir=tmp_path), hosts, drain_poll_s=0.1)
+    await service.start(bus)
+    try:
+        jobs = await bus.kv("jobs")
+        await jobs.put("j-1", job_record("j-1", "running", "node-2"))
+        await service.apply(HostsFile(cluster="embedded", nodes=[hosts.nodes[0]]))
+        await asyncio.sleep(0.5)
+        assert service.nodes["node-2"].state == "draining"  # its job runs
+
+        await bus.js.delete_key_value("jobs")
+        await asyncio.sleep(1.0)  # every poll meanwhile fails
+        assert service.nodes["node-2"].state == "draining"
+        await bus.ensure_topology()  # back, and empty: nothing runs on node-2 now
+
+        async def removed() -> bool:
+            return "node-2" not in service.nodes
+        await until(removed, timeout=30)
+        assert ("node.removed", "node-2", "") in await events(bus)
+    finally:
+        await service.stop()

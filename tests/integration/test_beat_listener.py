@@ -1,7 +1,7 @@
 """The liveness path's receiving end (libs/beats.py) on a real nats-server:
 beats arrive by node from the subject alone, a crashed server leaves the
 listener visibly deaf (``connected`` False) until it is back, and it
-resubscribes by itself."""
+resubscribes by itself, also after its callback failed."""
 
 from __future__ import annotations
 
@@ -61,3 +61,31 @@ async def test_no_server_is_a_clear_error_not_a_silent_judge() -> None:
     with pytest.raises(ConnectionError, match=r"heartbeat subscription \(safe.live.\*.heartbeat\)"):
         await listener.start(timeout_s=1.0)
     assert not listener.connected
+
+
+async def test_a_failing_callback_does_not_leave_the_listener_deaf(tmp_path: Path) -> None:
+    """Whatever goes wrong while reading (here the callback raises), the
+    listener connects again and goes on hearing beats: failover judges
+    every node by them."""
+    server = NatsServer(tmp_path / "nats").start(tmp_path / "nats.log")
+    heard: list[str] = []
+
+    def on_beats(nodes: list[str], _at: float) -> None:
+        if "gpu-bad" in nodes:
+            raise KeyError("gpu-bad")
+        heard.extend(nodes)
+
+    bus = await Bus.connect(server.url, "test")
+    listener = BeatListener(bus, on_beats)
+    try:
+        await listener.start()
+        await bus.publish(beat("gpu-bad"))
+        await until(lambda: asyncio.sleep(0, listener.connects == 2), "a fresh connection",
+                    timeout=30)
+        await until(lambda: asyncio.sleep(0, listener.connected), "the listener back")
+        await bus.publish(beat("gpu-001"))
+        await until(lambda: asyncio.sleep(0, heard == ["gpu-001"]), "a beat after the error")
+    finally:
+        await listener.stop()
+        await bus.close()
+        server.stop()

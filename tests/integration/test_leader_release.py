@@ -1,5 +1,6 @@
 """A leader that stops cleanly hands its lease over, even when the stop comes
-while a renewal is on its way (against a real JetStream KV bucket)."""
+while a renewal is on its way, and a follower outlives a failing abdicate
+(against a real JetStream KV bucket)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,8 @@ import asyncio
 from typing import Any
 
 from libs.bus import Bus
-from libs.leader import LEASES_BUCKET, LeaderElection
+from libs.leader import LEASES_BUCKET, LeaderElection, follow
+from libs.tasks import cancel_and_wait
 
 
 async def test_a_stop_during_a_renewal_still_deletes_the_lease(bus: Bus) -> None:
@@ -38,3 +40,35 @@ async def test_a_stop_during_a_renewal_still_deletes_the_lease(bus: Bus) -> None
     history = await kv.history("scheduler")
     assert str(history[-1].operation) == "DEL", history  # released, not left to expire
     assert not election.is_leader
+
+
+async def test_a_failing_abdicate_does_not_end_the_follower(bus: Bus) -> None:
+    """A replica whose abdicate raised must still lead its next term: a
+    dead follower would keep winning the lease and never lead again."""
+    election = LeaderElection(bus, "follower-test", ttl_s=2, holder="replica-a")
+    terms: list[int] = []
+    abdicated: list[str] = []
+
+    async def lead(term: int) -> None:
+        terms.append(term)
+
+    async def abdicate(reason: str) -> None:
+        abdicated.append(reason)
+        raise RuntimeError("could not stop what it led")
+
+    await election.start()
+    await asyncio.wait_for(election.wait_elected(), 5)
+    task = await follow(election, lead=lead, abdicate=abdicate)
+    try:
+        assert len(terms) == 1
+        await election.resign("testing")
+        for _ in range(100):  # the lease is free: taken again within a tick
+            if len(terms) == 2:
+                break
+            await asyncio.sleep(0.1)
+        assert abdicated == ["testing"]
+        assert len(terms) == 2 and terms[1] > terms[0], terms
+        assert not task.done()
+    finally:
+        await cancel_and_wait([task])
+        await election.stop()

@@ -1,0 +1,54 @@
+"""A failing probe's report goes out even when naming the devices fails too.
+
+On a node whose GPU has faulted, the runtime call that names the devices
+can fail as well (torch raises "HIP error: ..." from get_device_name): the
+report that quarantines the node must not depend on it. The agent runs on
+a real nats-server; only the device query is made to fail, as it does on
+such a node."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from libs.bus import Bus
+from libs.events import BenchResult, parse_event
+from libs.settings import Settings
+from services.bench import probes
+from services.bench.agent import BenchAgent
+from services.bench.schedule import Report
+
+
+async def test_a_probe_report_goes_out_when_the_devices_cannot_be_named(
+        bus: Bus, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    results: list[BenchResult] = []
+
+    async def on_result(msg: object) -> None:
+        event = parse_event(msg.data)  # type: ignore[attr-defined]
+        if isinstance(event, BenchResult):
+            results.append(event)
+
+    await bus.nc.subscribe("safe.bench.n1.result", cb=on_result)
+    await bus.flush()
+
+    def faulted() -> tuple[str, int, str, str]:
+        raise RuntimeError("HIP error: an illegal memory access was encountered")
+
+    monkeypatch.setattr(probes, "detect_device", faulted)
+    agent = BenchAgent(Settings(state_dir=tmp_path), "n1")
+    agent.bus = bus
+    agent.expected_devices = 8
+    await agent._report_probe(Report("temp", failed=True, consecutive=3,
+                                     detail="gpu 2: 101 °C > 95 °C"))
+    for _ in range(50):
+        if results:
+            break
+        await asyncio.sleep(0.1)
+    assert len(results) == 1
+    data = results[0].data
+    assert data.trigger == "probe" and not data.passed and data.outcome == "failed"
+    assert "temp" in data.reason and "101 °C > 95 °C" in data.reason
+    assert (data.device, data.device_count) == ("unknown", 8)
+    assert agent.probe_reports == 1
