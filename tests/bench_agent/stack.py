@@ -9,7 +9,24 @@ import subprocess
 import sys
 from pathlib import Path
 
+from libs.bus import Bus
+from libs.events import BenchResult, parse_event
 from tests.helpers import ROOT, run_cli, stop_process
+
+
+async def bench_results(bus: Bus, subject: str = "safe.bench.*.result") -> list[BenchResult]:
+    """A list that fills with every bench result published on ``subject``
+    from now on (subscribed and flushed before it returns)."""
+    results: list[BenchResult] = []
+
+    async def on_result(msg: object) -> None:
+        event = parse_event(msg.data)  # type: ignore[attr-defined]
+        if isinstance(event, BenchResult):
+            results.append(event)
+
+    await bus.nc.subscribe(subject, cb=on_result)
+    await bus.flush()
+    return results
 
 
 class Stack:

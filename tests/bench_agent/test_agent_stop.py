@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 
 from libs.bus import Bus
-from libs.events import BenchRequest, BenchRequestData, BenchResult, parse_event
+from libs.events import BenchRequest, BenchRequestData
 from libs.settings import Settings
 from services.bench.agent import BenchAgent
-from tests.bench_agent.stack import Stack
+from tests.bench_agent.stack import Stack, bench_results
 from tests.helpers import wait_healthy
 
 pytestmark = pytest.mark.timeout(300)
@@ -78,14 +78,7 @@ async def test_an_agent_stopped_mid_bench_exits_in_time_and_the_request_is_measu
     config = tmp_path / "bench.yaml"
     config.write_text(SLOW)
     stack = Stack(nats_url, tmp_path, config)
-    results: list[BenchResult] = []
-
-    async def on_result(msg: object) -> None:
-        event = parse_event(msg.data)  # type: ignore[attr-defined]
-        if isinstance(event, BenchResult):
-            results.append(event)
-
-    await bus.nc.subscribe("safe.bench.n1.result", cb=on_result)
+    results = await bench_results(bus, "safe.bench.n1.result")
     stack.start("n1", "bench-agent", "--node", "n1")
     try:
         await wait_healthy(bus, "bench-agent", "n1")

@@ -22,9 +22,8 @@ from pathlib import Path
 import pytest
 
 from libs.bus import Bus
-from libs.events import BenchResult, parse_event
 from services.bench.protocol import SEARCH, SWEEP
-from tests.bench_agent.stack import Stack
+from tests.bench_agent.stack import Stack, bench_results
 from tests.helpers import wait_healthy
 
 pytestmark = pytest.mark.timeout(600)
@@ -122,14 +121,7 @@ async def test_a_probe_from_a_reloaded_config_reports_a_hot_gpu_after_n_failures
     fake_nvidia_smi(tmp_path / "bin", temp_c=101)
     stack = Stack(nats_url, tmp_path, config,
                   path=f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}")
-    results: list[BenchResult] = []
-
-    async def on_result(msg: object) -> None:
-        event = parse_event(msg.data)  # type: ignore[attr-defined]
-        if isinstance(event, BenchResult):
-            results.append(event)
-
-    await bus.nc.subscribe("safe.bench.hot.result", cb=on_result)
+    results = await bench_results(bus, "safe.bench.hot.result")
     stack.start("hot", "bench-agent", "--node", "hot")
     try:
         await wait_healthy(bus, "bench-agent", "hot")

@@ -12,12 +12,12 @@ from pathlib import Path
 import pytest
 
 from libs.bus import Bus
-from libs.events import BenchResult, parse_event
 from libs.settings import Settings
 from libs.specs import SpecError, load_model
 from services.bench import probes
 from services.bench.config import BenchConfig, CheckConfig, GpuLimits
 from services.bench.health import CATALOGUE
+from tests.bench_agent.stack import bench_results
 from tests.helpers import until
 
 pytestmark = pytest.mark.timeout(120)
@@ -92,14 +92,7 @@ async def test_the_catalogue_runs_on_this_machine_through_an_agent_and_fails_not
     config.write_text("probes:\n" + "".join(
         f"  - {{name: {kind}, kind: {kind}, interval_s: 0.5, timeout_s: 20}}\n"
         for kind in sorted(CATALOGUE)))
-    reports: list[BenchResult] = []
-
-    async def on_result(msg: object) -> None:
-        event = parse_event(msg.data)  # type: ignore[attr-defined]
-        if isinstance(event, BenchResult):
-            reports.append(event)
-
-    await bus.nc.subscribe("safe.bench.*.result", cb=on_result)
+    reports = await bench_results(bus, "safe.bench.*.result")
     agent = BenchAgent(Settings(nats_url=nats_url, state_dir=tmp_path), "here", config)
     await agent.start(bus)
     try:

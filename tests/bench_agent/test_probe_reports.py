@@ -14,24 +14,16 @@ from pathlib import Path
 import pytest
 
 from libs.bus import Bus
-from libs.events import BenchResult, parse_event
 from libs.settings import Settings
 from services.bench import probes
 from services.bench.agent import BenchAgent
 from services.bench.schedule import Report
+from tests.bench_agent.stack import bench_results
 
 
 async def test_a_probe_report_goes_out_when_the_devices_cannot_be_named(
         bus: Bus, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    results: list[BenchResult] = []
-
-    async def on_result(msg: object) -> None:
-        event = parse_event(msg.data)  # type: ignore[attr-defined]
-        if isinstance(event, BenchResult):
-            results.append(event)
-
-    await bus.nc.subscribe("safe.bench.n1.result", cb=on_result)
-    await bus.flush()
+    results = await bench_results(bus, "safe.bench.n1.result")
 
     def faulted() -> tuple[str, int, str, str]:
         raise RuntimeError("HIP error: an illegal memory access was encountered")
