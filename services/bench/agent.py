@@ -556,9 +556,11 @@ class BenchAgent:
                 ),
             ))
         except Exception as exc:
-            # Said once per streak: a report the bus did not take is an error
-            # an operator must see (the node is not quarantined).
-            self._log.error("probe failure not reported", check=report.name, error=repr(exc))
+            # Not said, so the node is not quarantined: the next failure of
+            # the streak says it again.
+            self._log.error("probe failure not reported; reporting it at the next failure",
+                            check=report.name, error=repr(exc))
+            self.schedule.unreport(report.name)
             return
         self.probe_reports += 1
         _count(self._results_total, "quick", "failed")

@@ -144,6 +144,14 @@ class ProbeSchedule:
             return None
         return self._record(state, status, detail)
 
+    def unreport(self, name: str) -> None:
+        """The failure report of ``name``'s streak did not go out: the next
+        failure of the streak reports it again (a streak is said once, so a
+        lost report would otherwise never be said)."""
+        state = self.states.get(name)
+        if state is not None:
+            state.reported = False
+
     def next_wake(self, now: float) -> float:
         """The earliest time anything can happen (a check due or a timeout)."""
         times = [s.next_due for s in self.states.values()]

@@ -104,3 +104,19 @@ def test_reconfigure_keeps_state_of_unchanged_checks() -> None:
     sched.reconfigure([check("c")], now=6.0)
     assert list(sched.states) == ["c"]
     assert sched.finished("a", 1, "ok") is None  # a removed check's late finish is ignored
+
+
+
+def test_a_report_that_did_not_go_out_is_made_at_the_next_failure() -> None:
+    sched = ProbeSchedule([check()], now=0.0)
+
+    def fail(i: int) -> Report | None:
+        run = sched.due(i * 10.0)[0]
+        assert isinstance(run, Start)
+        return sched.finished("temp", run.run, "failed", f"reading {i}")
+
+    assert [fail(i) for i in range(4)] == [None, None, Report("temp", True, 3, "reading 2"),
+                                            None]
+    sched.unreport("temp")  # the bus refused that report
+    assert fail(4) == Report("temp", True, 5, "reading 4")
+    assert fail(5) is None  # said now: once per streak again

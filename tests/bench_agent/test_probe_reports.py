@@ -1,8 +1,9 @@
-"""A failing probe's report goes out even when naming the devices fails too.
+"""A failing probe's report goes out even when naming the devices fails
+too, and one the bus did not take is made again.
 
 On a node whose GPU has faulted, the runtime call that names the devices
 can fail as well (torch raises "HIP error: ..." from get_device_name): the
-report that quarantines the node must not depend on it. The agent runs on
+report that quarantines the node must not depend on it. The agent talks to
 a real nats-server; only the device query is made to fail, as it does on
 such a node."""
 
@@ -17,7 +18,8 @@ from libs.bus import Bus
 from libs.settings import Settings
 from services.bench import probes
 from services.bench.agent import BenchAgent
-from services.bench.schedule import Report
+from services.bench.config import CheckConfig
+from services.bench.schedule import ProbeSchedule, Report, Start
 from tests.bench_agent.stack import bench_results
 
 
@@ -44,3 +46,22 @@ async def test_a_probe_report_goes_out_when_the_devices_cannot_be_named(
     assert "temp" in data.reason and "101 °C > 95 °C" in data.reason
     assert (data.device, data.device_count) == ("unknown", 8)
     assert agent.probe_reports == 1
+
+
+async def test_a_report_the_bus_did_not_take_is_made_at_the_next_failure(
+        nats_url: str, tmp_path: Path) -> None:
+    agent = BenchAgent(Settings(state_dir=tmp_path), "n1")
+    agent.schedule = ProbeSchedule([CheckConfig(
+        name="temp", kind="gpu_temperature", interval_s=10, timeout_s=5,
+        failures_before_report=1)], now=0.0)
+    run = agent.schedule.due(0.0)[0]
+    assert isinstance(run, Start)
+    report = agent.schedule.finished("temp", run.run, "failed", "101 °C > 95 °C")
+    assert report is not None and agent.schedule.states["temp"].reported
+
+    gone = await Bus.connect(nats_url, "test-closed")
+    await gone.close()
+    agent.bus = gone
+    await agent._report_probe(report)
+    assert agent.probe_reports == 0
+    assert not agent.schedule.states["temp"].reported  # the next failure says it again
