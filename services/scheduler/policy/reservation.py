@@ -5,8 +5,10 @@ jobs of other queues may still start, but not on the GPUs the head needs.
 We pick where the head will wait, on a *capacity* view (as if every job on
 the candidate nodes had ended): fewest racks first, then the racks whose
 nodes already have the most free GPUs (least left to drain). Within them
-(and for a head that fits on one node, across every node it may use) the
-nodes expected to drain soonest win: a job with an ``expected_runtime_s``
+the nodes expected to drain soonest win; a head that fits on one node waits,
+across every node it may use, where enough GPUs for it are expected to free
+up soonest (a 4-GPU head next to a job about to end, not on the node that
+empties first). A job with an ``expected_runtime_s``
 ends when that says; a job without one is expected to run about as long
 again as it has run so far (job run times are heavy-tailed: a job that has
 run for a day is likely to run for another, one that started a minute ago
@@ -26,6 +28,8 @@ from .domains import ChoiceKey, RackCap, choose_racks
 from .request import Request
 from .state import NOMINATED, PLACED, RESERVATION, Alloc, ClusterState
 from .topology import Cell
+
+INF = float("inf")
 
 
 def reservation_name(job_id: str) -> str:
@@ -79,17 +83,20 @@ def _shadow(state: ClusterState, req: Request, now: float) -> dict[int, int] | N
 
 
 class _Drain:
-    """Expected seconds until each node's jobs have ended (cached per call)."""
+    """Expected seconds until each node's jobs have ended (cached per call),
+    and until enough of them have ended to free a given number of GPUs."""
 
     def __init__(self, state: ClusterState, now: float) -> None:
         self.state = state
         self.now = now
-        self.cache: dict[int, float] = {}
+        self.cache: dict[int, list[tuple[float, int]]] = {}
 
-    def __call__(self, i: int) -> float:
-        est = self.cache.get(i)
-        if est is None:
-            est = 0.0
+    def _ends(self, i: int) -> list[tuple[float, int]]:
+        """(expected seconds left, GPUs it holds on node ``i``) of each job
+        there, soonest first."""
+        ends = self.cache.get(i)
+        if ends is None:
+            ends = []
             state, now = self.state, self.now
             for job_id in state.node_jobs(i):
                 alloc = state.allocs.get(job_id)
@@ -98,9 +105,27 @@ class _Drain:
                 started = _started(alloc, now)
                 runtime = alloc.job.expected_runtime_s
                 left = started + runtime - now if runtime is not None else now - started
-                est = max(est, left)
-            self.cache[i] = est
-        return est
+                ends.append((left, alloc.per_node.get(i, 0)))
+            ends.sort()
+            self.cache[i] = ends
+        return ends
+
+    def __call__(self, i: int) -> float:
+        ends = self._ends(i)
+        return max(0.0, ends[-1][0]) if ends else 0.0
+
+    def until_free(self, i: int, gpus: int) -> float:
+        """Expected seconds until node ``i`` has ``gpus`` free: a 2-GPU slot
+        waits for the first two GPUs to free up, not for the whole node to
+        drain."""
+        free = self.state.eff_free(i)
+        if free >= gpus:
+            return 0.0
+        for left, g in self._ends(i):
+            free += g
+            if free >= gpus:
+                return max(0.0, left)
+        return INF
 
 
 def _nodes(cells: list[Cell]) -> list[int]:
@@ -115,7 +140,7 @@ def _one_node(state: ClusterState, req: Request, drain: _Drain) -> dict[int, int
         for _, cells in state.model_racks[model]:
             for i in _nodes([c for c in cells if pools is None or c.pool in pools]):
                 if state.gpus[i] >= sg:
-                    key = (drain(i), -state.eff_free(i), i)
+                    key = (drain.until_free(i, sg), -state.eff_free(i), i)
                     if best is None or key < best:
                         best = key
     return None if best is None else {best[2]: 1}
@@ -136,19 +161,30 @@ def _drain_order_pick(state: ClusterState, cells: list[Cell], slots: int, sg: in
 
 
 def _until(state: ClusterState, req: Request, plan: dict[int, int], now: float) -> float:
-    """Latest expected end of the jobs holding GPUs the head still needs."""
+    """When the head is expected to fit on its nodes: on each node, the
+    expected end of the last of the jobs that must end to free the GPUs it
+    needs there (the soonest-ending first); infinite when one of those has
+    no ``expected_runtime_s``."""
     until = now
     for i, slots in plan.items():
-        if slots * req.slot_gpus <= state.eff_free(i):
+        free, need = state.eff_free(i), slots * req.slot_gpus
+        if need <= free:
             continue
+        ends = []
         for job_id in state.node_jobs(i):
             alloc = state.allocs.get(job_id)
             if alloc is None:
                 continue
             runtime = alloc.job.expected_runtime_s
-            if runtime is None:
-                return float("inf")
-            until = max(until, _started(alloc, now) + runtime)
+            end = INF if runtime is None else _started(alloc, now) + runtime
+            ends.append((end, alloc.per_node.get(i, 0)))
+        for end, gpus in sorted(ends):
+            until = max(until, end)
+            free += gpus
+            if free >= need:
+                break
+        if until == INF:
+            return INF
     return until
 
 
