@@ -24,6 +24,8 @@ gone before the head could have used them.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from .domains import ChoiceKey, RackCap, choose_racks
 from .request import Request
 from .state import NOMINATED, PLACED, RESERVATION, Alloc, ClusterState
@@ -91,23 +93,16 @@ class _Drain:
         self.now = now
         self.cache: dict[int, list[tuple[float, int]]] = {}
 
+    def _left(self, alloc: Alloc) -> float:
+        """Expected seconds left: as declared, else as long again as it ran."""
+        started = _started(alloc, self.now)
+        runtime = alloc.job.expected_runtime_s
+        return started + runtime - self.now if runtime is not None else self.now - started
+
     def _ends(self, i: int) -> list[tuple[float, int]]:
-        """(expected seconds left, GPUs it holds on node ``i``) of each job
-        there, soonest first."""
         ends = self.cache.get(i)
         if ends is None:
-            ends = []
-            state, now = self.state, self.now
-            for job_id in state.node_jobs(i):
-                alloc = state.allocs.get(job_id)
-                if alloc is None:
-                    continue
-                started = _started(alloc, now)
-                runtime = alloc.job.expected_runtime_s
-                left = started + runtime - now if runtime is not None else now - started
-                ends.append((left, alloc.per_node.get(i, 0)))
-            ends.sort()
-            self.cache[i] = ends
+            ends = self.cache[i] = _ends(self.state, i, self._left)
         return ends
 
     def __call__(self, i: int) -> float:
@@ -121,11 +116,30 @@ class _Drain:
         free = self.state.eff_free(i)
         if free >= gpus:
             return 0.0
-        for left, g in self._ends(i):
-            free += g
-            if free >= gpus:
-                return max(0.0, left)
-        return INF
+        at = _freed_at(self._ends(i), free, gpus)
+        return INF if at is None else max(0.0, at)
+
+
+def _ends(state: ClusterState, i: int, end: Callable[[Alloc], float]) -> list[tuple[float, int]]:
+    """(``end`` of the job, GPUs it holds on node ``i``) of each job there,
+    soonest first."""
+    out = []
+    for job_id in state.node_jobs(i):
+        alloc = state.allocs.get(job_id)
+        if alloc is not None:
+            out.append((end(alloc), alloc.per_node.get(i, 0)))
+    out.sort()
+    return out
+
+
+def _freed_at(ends: list[tuple[float, int]], free: int, need: int) -> float | None:
+    """When ``need`` GPUs are free on a node with ``free`` free now, as its
+    jobs end in ``ends`` order; None if even all of them ending is too few."""
+    for at, gpus in ends:
+        free += gpus
+        if free >= need:
+            return at
+    return None
 
 
 def _nodes(cells: list[Cell]) -> list[int]:
@@ -165,24 +179,21 @@ def _until(state: ClusterState, req: Request, plan: dict[int, int], now: float) 
     expected end of the last of the jobs that must end to free the GPUs it
     needs there (the soonest-ending first); infinite when one of those has
     no ``expected_runtime_s``."""
+
+    def declared_end(alloc: Alloc) -> float:
+        runtime = alloc.job.expected_runtime_s
+        return INF if runtime is None else _started(alloc, now) + runtime
+
     until = now
     for i, slots in plan.items():
         free, need = state.eff_free(i), slots * req.slot_gpus
         if need <= free:
             continue
-        ends = []
-        for job_id in state.node_jobs(i):
-            alloc = state.allocs.get(job_id)
-            if alloc is None:
-                continue
-            runtime = alloc.job.expected_runtime_s
-            end = INF if runtime is None else _started(alloc, now) + runtime
-            ends.append((end, alloc.per_node.get(i, 0)))
-        for end, gpus in sorted(ends):
-            until = max(until, end)
-            free += gpus
-            if free >= need:
-                break
+        ends = _ends(state, i, declared_end)
+        at = _freed_at(ends, free, need)
+        if at is None:  # never enough (GPUs held by others): when all have ended
+            at = ends[-1][0] if ends else now
+        until = max(until, at)
         if until == INF:
             return INF
     return until
