@@ -4,7 +4,9 @@ Virtual time, whole-GPU tasks only (``num_gpu >= 1`` and ``gpu_milli == 1000``,
 or ``num_gpu > 1``); each task is one worker of ``num_gpu`` GPUs on one node.
 QoS maps to priority (LS -> high, Guaranteed/Burstable -> medium, BE -> low);
 arrival = ``creation_time``, run time = ``deletion_time - scheduled_time``
-(tasks never scheduled in the trace are skipped). Racks are synthesised from
+(tasks never scheduled in the trace are skipped, and so are tasks no kept
+node could hold: pinned to GPU models the kept nodes lack, or larger than
+any of them; both are counted in the output). Racks are synthesised from
 the sorted node names (32 nodes a rack, 8 racks a switch), IPs from the
 rack and slot. The same arrivals go through two plain FIFO baselines,
 first-fit (first node in name order) and best-fit (tightest node), in the
@@ -28,7 +30,10 @@ columns (the ``multigpu50`` resample) borrow them by pod name from the
 the cluster is contended for most of the replay.
 
 Run: ``python bench/scheduler_trace.py [NODES.csv PODS.csv] [--load 2]``. The
-last line printed is one JSON object with every figure.
+last line printed is one JSON object with every figure. A file it cannot
+use (missing, a column missing, a cell that is not a number, a pod listed
+twice, nothing to replay) stops it with one line on stderr that names the
+file, the line or column and the fix, and exit status 2.
 """
 
 from __future__ import annotations
@@ -77,57 +82,172 @@ class Task:
     duration: float
 
 
+class TraceError(ValueError):
+    """A trace file the replay cannot use; the message names the file, the
+    line or column, and the fix."""
+
+
+NODE_COLUMNS = ("sn", "gpu", "model")
+POD_COLUMNS = ("name", "num_gpu", "gpu_milli")
+TIME_COLUMNS = ("creation_time", "deletion_time", "scheduled_time")
+SOURCE = "of Alibaba's cluster-trace-gpu-v2023 (github.com/alibaba/clusterdata)"
+NODE_LIST = f"the node list (*_node_list_gpu_node.csv) {SOURCE}"
+POD_LIST = f"a pod list (*_pod_list_*.csv) {SOURCE}"
+
+
+def _rows(path: Path, columns: tuple[str, ...],
+          what: str) -> list[tuple[int, dict[str, str]]]:
+    """(line number, row) of a CSV whose header has ``columns``; ``what``
+    the file should be, for the error."""
+    try:
+        with path.open(newline="") as f:
+            reader = csv.DictReader(f)
+            header = reader.fieldnames or []
+            missing = [c for c in columns if c not in header]
+            if missing:
+                raise TraceError(
+                    f"{path}: no column {', '.join(missing)} in the header "
+                    f"({', '.join(header) or 'empty file'}); pass {what}, with the columns "
+                    f"{', '.join(columns)}")
+            return [(reader.line_num, row) for row in reader]
+    except (FileNotFoundError, IsADirectoryError, PermissionError) as e:
+        raise TraceError(f"{path}: {e.strerror.lower()}; pass {what}") from None
+    except (UnicodeDecodeError, csv.Error) as e:
+        raise TraceError(f"{path}: not a CSV text file ({e}); pass {what}") from None
+
+
+def _number(path: Path, line: int, row: dict[str, str], column: str, kind: type = int,
+            *, low: float = 0) -> Any:
+    """``row[column]`` as ``kind`` (>= ``low``), or a TraceError naming the cell."""
+    text = (row.get(column) or "").strip()
+    try:
+        value = kind(text)
+    except ValueError:
+        value = None
+    if value is None or not value >= low:
+        what = "a whole number" if kind is int else "a number"
+        raise TraceError(f"{path}:{line}: {column}={text!r} is not {what} >= {low:g}; "
+                         f"correct that row or delete it")
+    return value
+
+
 def load_nodes(path: Path, *, rack_size: int, fraction: float) -> list[Node]:
-    with path.open() as f:
-        rows = sorted(csv.DictReader(f), key=lambda r: r["sn"])
+    rows = _rows(path, NODE_COLUMNS, NODE_LIST)
+    seen: dict[str, int] = {}
+    for line, row in rows:
+        name = (row.get("sn") or "").strip()
+        if not name or not (row.get("model") or "").strip():
+            raise TraceError(f"{path}:{line}: a node needs an sn and a model; "
+                             f"correct that row or delete it")
+        if name in seen:
+            raise TraceError(f"{path}:{line}: node {name} is listed again (first on line "
+                             f"{seen[name]}); keep one row per node")
+        seen[name] = line
+        _number(path, line, row, "gpu")
+    rows.sort(key=lambda r: r[1]["sn"])
     step = max(1, round(1 / fraction))
     rows = rows[::step]
     nodes = []
-    for i, row in enumerate(rows):
+    for i, (_, row) in enumerate(rows):
         r = i // rack_size
         ip = f"10.{r // 250}.{r % 250}.{i % rack_size + 1}"
-        nodes.append(Node(row["sn"], int(row["gpu"]), row["model"], rack=f"rack{r:03d}",
-                          switch=f"sw{r // 8:02d}", ip=ip))
+        nodes.append(Node(row["sn"].strip(), int(row["gpu"]), row["model"].strip(),
+                          rack=f"rack{r:03d}", switch=f"sw{r // 8:02d}", ip=ip))
+    if not any(n.gpus for n in nodes):
+        raise TraceError(f"{path}: no node with GPUs among the {len(nodes)} kept (every "
+                         f"{step}th of {len(seen)}); pass the GPU node list or a larger "
+                         f"--node-fraction")
     return nodes
 
 
 def load_tasks(path: Path, *, speedup: float, min_runtime_s: float,
                load: float = 1.0) -> tuple[list[Task], dict]:
-    with path.open() as f:
-        rows = list(csv.DictReader(f))
+    rows = _rows(path, POD_COLUMNS, POD_LIST)
     borrowed = 0
-    if rows and "creation_time" not in rows[0]:
+    if rows and "creation_time" not in rows[0][1]:
         donor_path = path.with_name(path.name.rsplit("_pod_list_", 1)[0] + "_pod_list_default.csv")
-        with donor_path.open() as f:
-            donors = {r["name"]: r for r in csv.DictReader(f)}
-        keep = ("gpu_spec", "qos", "pod_phase", "creation_time", "deletion_time",
-                "scheduled_time")
-        for row in rows:
+        if not donor_path.exists():
+            raise TraceError(
+                f"{path}: no {', '.join(TIME_COLUMNS)} columns, and no {donor_path.name} next "
+                f"to it to borrow them from by pod name; put the default pod list there or "
+                f"add those columns")
+        donors = {}
+        for line, r in _rows(donor_path, (*POD_COLUMNS, *TIME_COLUMNS), POD_LIST):
+            for column in TIME_COLUMNS:  # bad times are reported where they are written
+                if (r.get(column) or "").strip():
+                    _number(donor_path, line, r, column, float)
+            donors[r["name"]] = r
+        keep = ("gpu_spec", "qos", "pod_phase", *TIME_COLUMNS)
+        for _, row in rows:
             donor = donors.get(row["name"])
             if donor is None:  # resampled pods without a twin borrow a fixed other row
                 donor = donors[sorted(donors)[hash_index(row["name"], len(donors))]]
             row.update({k: donor.get(k, "") for k in keep})
             borrowed += 1
+    elif rows:
+        missing = [c for c in TIME_COLUMNS if c not in rows[0][1]]
+        if missing:
+            raise TraceError(f"{path}: no column {', '.join(missing)} in the header; a pod "
+                             f"list has all of {', '.join(TIME_COLUMNS)} or none")
     tasks, skipped = [], {"fractional_or_cpu": 0, "never_scheduled": 0}
-    start = min((float(r["creation_time"]) for r in rows if r.get("creation_time")), default=0.0)
-    for row in rows:
-        gpus, milli = int(row["num_gpu"]), int(row["gpu_milli"])
+    seen: dict[str, int] = {}
+    whole = []
+    for line, row in rows:
+        name = (row.get("name") or "").strip()
+        if not name:
+            raise TraceError(f"{path}:{line}: a pod needs a name; correct that row or delete it")
+        if name in seen:
+            raise TraceError(f"{path}:{line}: pod {name} is listed again (first on line "
+                             f"{seen[name]}); keep one row per pod")
+        seen[name] = line
+        gpus = _number(path, line, row, "num_gpu")
+        milli = _number(path, line, row, "gpu_milli")
         if gpus < 1 or (milli != 1000 and gpus <= 1):
             skipped["fractional_or_cpu"] += 1
             continue
-        if not row.get("scheduled_time"):
+        if not (row.get("scheduled_time") or "").strip():
             skipped["never_scheduled"] += 1
             continue
-        arrival = (float(row["creation_time"]) - start) / speedup / load
-        duration = max(1.0, float(row["deletion_time"]) - float(row["scheduled_time"]))
+        whole.append((line, row, name, gpus))
+    if not whole:
+        raise TraceError(
+            f"{path}: no whole-GPU task to replay (num_gpu >= 1 with gpu_milli 1000, or "
+            f"num_gpu > 1, and a scheduled_time) among {len(rows)} pods; pass {POD_LIST}")
+    # Time 0 is the trace's first creation, of any pod (as recorded).
+    created = {line: _number(path, line, row, "creation_time", float)
+               for line, row in rows if (row.get("creation_time") or "").strip()}
+    start = min(created.values())
+    for line, row, name, gpus in whole:
+        if line not in created:
+            raise TraceError(f"{path}:{line}: pod {name} was scheduled but has no "
+                             f"creation_time; correct that row or delete it")
+        arrival = (created[line] - start) / speedup / load
+        ended = _number(path, line, row, "deletion_time", float)
+        duration = max(1.0, ended - _number(path, line, row, "scheduled_time", float))
         spec = row.get("gpu_spec") or ""
         prio = QOS_PRIORITY.get(row.get("qos", ""), "medium")
-        job = Job(row["name"], WORKSPACE.name, 1, gpus, prio, arrival,
+        job = Job(name, WORKSPACE.name, 1, gpus, prio, arrival,
                   min_runtime_s=min_runtime_s, preemptible=prio != "high",
-                  gpu_models=frozenset(m for m in spec.split("|") if m))
+                  gpu_models=frozenset(m.strip() for m in spec.split("|") if m.strip()))
         tasks.append(Task(job, arrival, duration))
     tasks.sort(key=lambda t: (t.arrival, t.job.id))
     return tasks, {**skipped, "borrowed_times_and_qos": borrowed}
+
+
+def placeable(nodes: list[Node], tasks: list[Task]) -> tuple[list[Task], list[Task]]:
+    """The tasks some kept node could hold when empty, and the rest (pinned
+    to GPU models none of the kept nodes has, or larger than every such
+    node). The rest would wait forever under every scheduler and keep the
+    queue non-empty to the end, so they are left out and counted."""
+    most: dict[str, int] = {}
+    for n in nodes:
+        most[n.gpu_model] = max(most.get(n.gpu_model, 0), n.gpus)
+    fits, never = [], []
+    for t in tasks:
+        models = t.job.gpu_models or most.keys()
+        room = max((most.get(m, 0) for m in models), default=0)
+        (fits if room >= t.job.gpus_per_worker else never).append(t)
+    return fits, never
 
 
 def hash_index(name: str, n: int) -> int:
@@ -396,6 +516,12 @@ def compare(nodes_csv: Path, pods_csv: Path, *, speedup: float, load: float,
     nodes = load_nodes(nodes_csv, rack_size=rack_size, fraction=node_fraction)
     tasks, skipped = load_tasks(pods_csv, speedup=speedup, min_runtime_s=min_runtime_s,
                                 load=load)
+    tasks, never = placeable(nodes, tasks)
+    skipped["no_node_can_hold"] = len(never)
+    if not tasks:
+        raise TraceError(f"{pods_csv}: no task fits any of the {len(nodes)} nodes kept from "
+                         f"{nodes_csv} (GPU models or sizes differ); pass the node list of "
+                         f"the same trace or a larger --node-fraction")
     runs, wall = {}, {}
     for name in SCHEDULERS:
         t0 = time.perf_counter()
@@ -461,21 +587,68 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("nodes_csv", nargs="?", type=Path, default=NODES_CSV)
     parser.add_argument("pods_csv", nargs="?", type=Path, default=PODS_CSV)
-    parser.add_argument("--speedup", type=float, default=1000.0)
-    parser.add_argument("--load", type=float, default=1.0,
+    parser.add_argument("--speedup", type=_positive, default=1000.0)
+    parser.add_argument("--load", type=_positive, default=1.0,
                         help="arrivals this many times as fast (contention for most of the run)")
     parser.add_argument("--all", action="store_true",
                         help="every pod list next to PODS.csv at every --loads; writes "
                              "bench/results/scheduler_trace.md and one plot per trace")
-    parser.add_argument("--loads", default="1,2,4", help="loads for --all (comma separated)")
-    parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
+    parser.add_argument("--loads", type=_loads, default="1,2,4",
+                        help="loads for --all (comma separated)")
+    parser.add_argument("--jobs", type=_at_least_one, default=os.cpu_count() or 1,
                         help="replays run at once with --all")
-    parser.add_argument("--node-fraction", type=float, default=0.25)
-    parser.add_argument("--rack-size", type=int, default=32)
-    parser.add_argument("--cycle-s", type=float, default=10.0)
+    parser.add_argument("--node-fraction", type=_fraction, default=0.25,
+                        help="keep every 1/F-th node of the sorted node list (0 < F <= 1)")
+    parser.add_argument("--rack-size", type=_at_least_one, default=32)
+    parser.add_argument("--cycle-s", type=_positive, default=10.0)
     parser.add_argument("--min-runtime-s", type=float, default=600.0)
     parser.add_argument("--plot", type=Path, default=RESULTS / "scheduler_trace.png")
     args = parser.parse_args()
+    try:
+        _run(args)
+    except TraceError as e:
+        parser.exit(2, f"{parser.prog}: error: {e}\n")
+
+
+def _positive(text: str) -> float:
+    value = _float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{text} is not a number > 0")
+    return value
+
+
+def _fraction(text: str) -> float:
+    value = _float(text)
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"{text} is not a fraction in (0, 1]")
+    return value
+
+
+def _at_least_one(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text} is not a whole number >= 1")
+    return value
+
+
+def _loads(text: str) -> list[float]:
+    loads = [_positive(x.strip()) for x in text.split(",") if x.strip()]
+    if not loads:
+        raise argparse.ArgumentTypeError("no load given (e.g. 1,2,4)")
+    return loads
+
+
+def _float(text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text} is not a number") from None
+
+
+def _run(args: argparse.Namespace) -> None:
     common = {"speedup": args.speedup, "node_fraction": args.node_fraction,
               "rack_size": args.rack_size, "cycle_s": args.cycle_s,
               "min_runtime_s": args.min_runtime_s}
@@ -492,7 +665,10 @@ def main() -> None:
             **r}))
         return
     pod_lists = sorted(args.pods_csv.parent.glob("*_pod_list_*.csv"))
-    loads = [float(x) for x in args.loads.split(",") if x.strip()]
+    if not pod_lists:
+        raise TraceError(f"{args.pods_csv.parent}: no *_pod_list_*.csv to replay; pass a pod "
+                         f"list in the folder that holds the trace's pod lists")
+    loads = args.loads
     work = [{"nodes_csv": args.nodes_csv, "pods_csv": pods, "load": load,
              "plot_to": RESULTS / f"scheduler_trace_{_variant(pods)}.png" if load == loads[0]
              else None, **common} for pods in pod_lists for load in loads]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+from dataclasses import replace
 from pathlib import Path
 
 from services.scheduler.policy import Node
@@ -184,3 +185,98 @@ def test_the_table_marks_each_missed_goal() -> None:
     row = text.splitlines()[2]
     assert row.startswith("| default | 2 | 0.800 / 0.800 / 0.900 ✗ |")
     assert row.count("✗") == sum(not v for v in run["goals"].values()) == 2  # + stranded (equal)
+
+
+# -- bad trace files: one error naming the file, the line or column, the fix --
+
+NODE_HEADER = ["sn", "cpu_milli", "memory_mib", "gpu", "model"]
+
+
+def _error(call: object) -> str:
+    try:
+        call()  # type: ignore[operator]
+    except trace.TraceError as e:
+        return str(e)
+    raise AssertionError("no TraceError")
+
+
+def test_a_pod_list_without_a_needed_column_is_refused_by_name(tmp_path: Path) -> None:
+    pods = _write(tmp_path / "x_pod_list_default.csv", ["name", "gpu_milli", "creation_time"],
+                  [["p0", 1000, 0]])
+    msg = _error(lambda: trace.load_tasks(pods, speedup=1, min_runtime_s=0))
+    assert msg.startswith(f"{pods}: no column num_gpu") and "pod list" in msg
+    half = _write(tmp_path / "y_pod_list_default.csv", POD_HEADER[:9], [["p0", 1, 1, 1, 1000,
+                                                                         "", "LS", "R", 0]])
+    msg = _error(lambda: trace.load_tasks(half, speedup=1, min_runtime_s=0))
+    assert "deletion_time, scheduled_time" in msg and "all of" in msg
+
+
+def test_a_bad_cell_names_its_line_and_column(tmp_path: Path) -> None:
+    rows = [["p0", 1, 1, 1, 1000, "", "LS", "Running", 0, 50, 0],
+            ["p1", 1, 1, "two", 1000, "", "LS", "Running", 5, 50, 5]]
+    pods = _write(tmp_path / "x_pod_list_default.csv", POD_HEADER, rows)
+    msg = _error(lambda: trace.load_tasks(pods, speedup=1, min_runtime_s=0))
+    assert msg.startswith(f"{pods}:3: num_gpu='two' is not a whole number")
+    rows[1][3], rows[1][8] = 1, "soon"
+    _write(pods, POD_HEADER, rows)
+    msg = _error(lambda: trace.load_tasks(pods, speedup=1, min_runtime_s=0))
+    assert msg.startswith(f"{pods}:3: creation_time='soon'")
+    rows[1][8] = 5
+    _write(pods, POD_HEADER, [*rows, rows[0]])
+    msg = _error(lambda: trace.load_tasks(pods, speedup=1, min_runtime_s=0))
+    assert msg.startswith(f"{pods}:4: pod p0 is listed again (first on line 2)")
+
+
+def test_a_resample_without_its_default_list_says_which_file_it_needs(tmp_path: Path) -> None:
+    pods = _write(tmp_path / "x_pod_list_multigpu50.csv", POD_HEADER[:5], [["p0", 1, 1, 4, 1000]])
+    msg = _error(lambda: trace.load_tasks(pods, speedup=1, min_runtime_s=0))
+    assert "x_pod_list_default.csv next to it" in msg
+
+
+def test_a_trace_with_nothing_to_replay_is_refused(tmp_path: Path) -> None:
+    pods = _write(tmp_path / "x_pod_list_default.csv", POD_HEADER,
+                  [["p-share", 1, 1, 1, 460, "", "LS", "Running", 0, 50, 0]])
+    assert "no whole-GPU task" in _error(lambda: trace.load_tasks(pods, speedup=1,
+                                                                  min_runtime_s=0))
+    nodes = _write(tmp_path / "nodes.csv", NODE_HEADER, [["n0", 1, 1, 8, "G2"],
+                                                         ["n0", 1, 1, 8, "G2"]])
+    msg = _error(lambda: trace.load_nodes(nodes, rack_size=4, fraction=1.0))
+    assert msg.startswith(f"{nodes}:3: node n0 is listed again")
+    assert "no such file" in _error(lambda: trace.load_nodes(tmp_path / "gone.csv",
+                                                             rack_size=4, fraction=1.0))
+
+
+def test_tasks_no_node_could_hold_are_left_out_and_counted(tmp_path: Path) -> None:
+    nodes, pods = _tiny_cluster(tmp_path)  # two 8-GPU G2 nodes
+    tasks, _ = trace.load_tasks(pods, speedup=1, min_runtime_s=0)
+    pinned = trace.Task(replace(tasks[0].job, id="on-a100", gpu_models=frozenset({"A100"})),
+                        0.0, 10.0)
+    huge = trace.Task(replace(tasks[0].job, id="sixteen", gpus_per_worker=16), 0.0, 10.0)
+    fits, never = trace.placeable(nodes, [*tasks, pinned, huge])
+    assert fits == tasks and never == [pinned, huge]
+    # Kept, they would queue forever under every scheduler: the whole replay
+    # would count as contended.
+    nodes_csv = _write(tmp_path / "nodes.csv", NODE_HEADER, [["n0", 1, 1, 8, "G2"]])
+    _write(pods, POD_HEADER, [["p0", 1, 1, 8, 1000, "", "LS", "Running", 0, 300, 0],
+                              ["p1", 1, 1, 1, 1000, "T4", "LS", "Running", 0, 300, 0]])
+    r = trace.compare(nodes_csv, pods, speedup=1, load=1, node_fraction=1, rack_size=4,
+                      cycle_s=10, min_runtime_s=0, plot_to=None)
+    assert r["tasks"] == 1 and r["skipped"]["no_node_can_hold"] == 1
+    assert r["policy"]["unstarted"] == 0 and r["policy"]["contended_share"] == 0
+
+
+def test_the_cli_prints_one_line_and_exits_2_on_a_bad_file(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    script = Path(trace.__file__)
+    nodes = _write(tmp_path / "nodes.csv", ["sn", "gpu"], [["n0", 8]])
+    done = subprocess.run([sys.executable, script, str(nodes), str(tmp_path / "p.csv"),
+                           "--plot", str(tmp_path / "x.png")],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert done.stderr.strip().endswith("with the columns sn, gpu, model")
+    assert f"{nodes}: no column model" in done.stderr and not done.stdout
+    done = subprocess.run([sys.executable, script, "--load", "0"],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and "--load: 0 is not a number > 0" in done.stderr
