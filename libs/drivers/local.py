@@ -194,8 +194,10 @@ class LocalDriver:
                 attempt, rank = int(attempt_s), int(rank_s)
                 code = int(exit_file.read_text())
                 node = self._node_file(job, attempt, rank).read_text().strip()
-            except (ValueError, FileNotFoundError):
-                continue  # not ours, still being written, or from before ranks/ was kept
+            except (ValueError, OSError):
+                # Not ours, still being written, from before ranks/ was kept,
+                # or unreadable: its watcher, if any, reports it.
+                continue
             if (job, attempt, rank) in watched \
                     or self._exit_reported_file(job, attempt, rank).exists():
                 continue
@@ -405,15 +407,24 @@ class LocalDriver:
                 await asyncio.sleep(0.25)
         try:
             code = int(worker.exit_file.read_text())
-        except (FileNotFoundError, ValueError):
+        except (OSError, ValueError) as e:
             # The supervisor itself was killed (by the signal in its own return
-            # code when it is our child; with its node, -9, when adopted).
+            # code when it is our child; with its node, -9, when adopted). Any
+            # other unreadable record ends the same way: the exit is reported
+            # all the same, or the gang would wait for this rank for ever.
+            if not isinstance(e, FileNotFoundError | ValueError):
+                self._log.warning("exit record unreadable", job=worker.job, rank=worker.rank,
+                                  path=str(worker.exit_file), error=str(e))
             own = worker.proc.returncode if worker.proc is not None else None
             code = own if own is not None and own < 0 else -int(signal.SIGKILL)
         self._log.info("worker exited", job=worker.job, node=worker.node, rank=worker.rank,
                        exit_code=code)
         if not worker.exit_file.exists():
-            write_exit(worker.exit_file, code)  # so a relaunch knows this rank ran
+            try:
+                write_exit(worker.exit_file, code)  # so a relaunch knows this rank ran
+            except OSError as e:
+                self._log.warning("exit record not written", job=worker.job, rank=worker.rank,
+                                  path=str(worker.exit_file), error=str(e))
         await self._report_exit(worker.job, worker.attempt, worker.rank, worker.node, code)
         # Only now: a crash before this line leaves the pid file, and the
         # next driver reports this exit again (same event id, de-duplicated).

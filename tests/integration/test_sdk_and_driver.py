@@ -85,6 +85,33 @@ async def test_local_driver_runs_real_workers_and_reports_exits(tmp_path: Path) 
     assert (tmp_path / "jobs" / "j1" / "attempt-1" / "rank-1.log").exists()
 
 
+async def test_an_unreadable_exit_record_still_reports_the_exit(tmp_path: Path) -> None:
+    """The watcher reads a rank's exit code from the supervisor's record. A
+    record it cannot read (here a directory where the file should be, so
+    the supervisor cannot write it either) must not end the watcher before
+    it reports: the scheduler holds the gang until every rank's exit is known."""
+    events: list[Event] = []
+
+    async def sink(event: Event) -> None:
+        events.append(event)
+
+    driver = LocalDriver(tmp_path, sink, nats_url="nats://127.0.0.1:1")
+    # The worker itself puts the directory in the way as it ends.
+    in_the_way = tmp_path / "exits" / "j1-a1-r0" / "in-the-way"
+    spec = JobSpec(name="j1", workers=1, command=[
+        sys.executable, "-c", f"import os; os.makedirs({str(in_the_way)!r})"])
+    await driver.launch("j1", 1, spec, [WorkerSlot(rank=0, node="a", gpus=0)])
+    for _ in range(100):
+        if any(isinstance(e, WorkerExited) for e in events):
+            break
+        await asyncio.sleep(0.1)
+    exited = [e for e in events if isinstance(e, WorkerExited)]
+    assert [(e.node, e.data.rank) for e in exited] == [("a", 0)]
+    assert exited[0].data.exit_code == -9  # its code is unknown: reported as killed
+    assert not list((tmp_path / "pids" / "a").glob("[0-9]*"))  # the watcher finished
+    await driver.close()
+
+
 async def test_stop_and_node_kill_end_real_processes(tmp_path: Path) -> None:
     events: list[Event] = []
 
