@@ -13,6 +13,7 @@ Resampled pod lists without times or QoS borrow them by pod name from the
 from __future__ import annotations
 
 import csv
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -73,8 +74,8 @@ def _number(path: Path, line: int, row: dict[str, str], column: str, kind: type 
         value = kind(text)
     except ValueError:
         value = None
-    if value is None or not value >= low:
-        what = "a whole number" if kind is int else "a number"
+    if value is None or not math.isfinite(value) or not value >= low:
+        what = "a whole number" if kind is int else "a finite number"
         raise TraceError(f"{path}:{line}: {column}={text!r} is not {what} >= {low:g}; "
                          f"correct that row or delete it")
     return value
@@ -103,9 +104,8 @@ def load_nodes(path: Path, *, rack_size: int, fraction: float) -> list[Node]:
         nodes.append(Node(row["sn"].strip(), int(row["gpu"]), row["model"].strip(),
                           rack=f"rack{r:03d}", switch=f"sw{r // 8:02d}", ip=ip))
     if not any(n.gpus for n in nodes):
-        raise TraceError(f"{path}: no node with GPUs among the {len(nodes)} kept (every "
-                         f"{step}th of {len(seen)}); pass the GPU node list or a larger "
-                         f"--node-fraction")
+        raise TraceError(f"{path}: no node with GPUs among the {len(nodes)} of {len(seen)} "
+                         f"kept; pass the GPU node list or a larger --node-fraction")
     return nodes
 
 
@@ -126,6 +126,9 @@ def load_tasks(path: Path, *, speedup: float, min_runtime_s: float,
                 if (r.get(column) or "").strip():
                     _number(donor_path, line, r, column, float)
             donors[r["name"]] = r
+        if not donors:
+            raise TraceError(f"{donor_path}: no pods to borrow times from for {path.name}; "
+                             f"pass the trace's full default pod list")
         keep = ("gpu_spec", "qos", "pod_phase", *TIME_COLUMNS)
         for _, row in rows:
             donor = donors.get(row["name"])

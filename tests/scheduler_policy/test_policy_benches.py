@@ -221,6 +221,10 @@ def test_a_bad_cell_names_its_line_and_column(tmp_path: Path) -> None:
     _write(pods, POD_HEADER, rows)
     msg = _error(lambda: trace.load_tasks(pods, speedup=1, min_runtime_s=0))
     assert msg.startswith(f"{pods}:3: creation_time='soon'")
+    rows[1][8] = "inf"  # a time that never comes would stall the replay
+    _write(pods, POD_HEADER, rows)
+    msg = _error(lambda: trace.load_tasks(pods, speedup=1, min_runtime_s=0))
+    assert msg.startswith(f"{pods}:3: creation_time='inf' is not a finite number")
     rows[1][8] = 5
     _write(pods, POD_HEADER, [*rows, rows[0]])
     msg = _error(lambda: trace.load_tasks(pods, speedup=1, min_runtime_s=0))
@@ -231,6 +235,9 @@ def test_a_resample_without_its_default_list_says_which_file_it_needs(tmp_path: 
     pods = _write(tmp_path / "x_pod_list_multigpu50.csv", POD_HEADER[:5], [["p0", 1, 1, 4, 1000]])
     msg = _error(lambda: trace.load_tasks(pods, speedup=1, min_runtime_s=0))
     assert "x_pod_list_default.csv next to it" in msg
+    donor = _write(tmp_path / "x_pod_list_default.csv", POD_HEADER, [])
+    msg = _error(lambda: trace.load_tasks(pods, speedup=1, min_runtime_s=0))
+    assert msg.startswith(f"{donor}: no pods to borrow times from")
 
 
 def test_a_trace_with_nothing_to_replay_is_refused(tmp_path: Path) -> None:
