@@ -464,5 +464,7 @@ class Failover:
                 "cordons_pending": self.cordons.pending if self.cordons else 0,
                 "beats_heard": self.beats.heard if self.beats else 0,
                 "beats_link": ("lean" if self.beats.lean else "nats-py") if self.beats else "",
+                # False: no beat can arrive, so no node is judged (not all down).
+                "beats_connected": self.beats.connected if self.beats else False,
                 "unknown_beats": sum(unknown.values()),
                 "unknown_nodes": sorted(unknown)[:20]}

@@ -96,6 +96,7 @@ async def test_ten_silent_nodes_among_two_thousand_are_caught_in_time_and_no_oth
         assert not late, f"faults later than the deadline allows: {late}"
         health = await wait_healthy(bus, "failover")
         assert set(health["down"]) == victims and health["beats_link"] == "lean"
+        assert health["beats_connected"]
     finally:
         stop.set()
         await task
