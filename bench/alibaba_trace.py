@@ -18,11 +18,21 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from services.scheduler.policy import Job, Node, Workspace
+from services.scheduler.policy import (
+    ClusterState,
+    Invalid,
+    Job,
+    Node,
+    SchedulerConfig,
+    Workspace,
+    build_request,
+)
 
 QOS_PRIORITY = {"LS": "high", "Guaranteed": "medium", "Burstable": "medium", "BE": "low"}
 WORKSPACE = Workspace("openb", queue_policy="balance")
 """Every task runs in one balance queue (the trace has no tenants)."""
+NEVER_FITS = ("no-node", "too-big")
+"""``Invalid`` codes of a job no ready node could ever hold."""
 
 
 @dataclass(frozen=True)
@@ -81,6 +91,14 @@ def _number(path: Path, line: int, row: dict[str, str], column: str, kind: type 
     return value
 
 
+def _first(path: Path, line: int, kind: str, name: str, seen: dict[str, int]) -> None:
+    """Record ``name`` at ``line``, or a TraceError if an earlier row had it."""
+    if name in seen:
+        raise TraceError(f"{path}:{line}: {kind} {name} is listed again (first on line "
+                         f"{seen[name]}); keep one row per {kind}")
+    seen[name] = line
+
+
 def load_nodes(path: Path, *, rack_size: int, fraction: float) -> list[Node]:
     rows = _rows(path, NODE_COLUMNS, NODE_LIST)
     seen: dict[str, int] = {}
@@ -89,10 +107,7 @@ def load_nodes(path: Path, *, rack_size: int, fraction: float) -> list[Node]:
         if not name or not (row.get("model") or "").strip():
             raise TraceError(f"{path}:{line}: a node needs an sn and a model; "
                              f"correct that row or delete it")
-        if name in seen:
-            raise TraceError(f"{path}:{line}: node {name} is listed again (first on line "
-                             f"{seen[name]}); keep one row per node")
-        seen[name] = line
+        _first(path, line, "node", name, seen)
         _number(path, line, row, "gpu")
     rows.sort(key=lambda r: r[1]["sn"])
     step = max(1, round(1 / fraction))
@@ -148,10 +163,7 @@ def load_tasks(path: Path, *, speedup: float, min_runtime_s: float,
         name = (row.get("name") or "").strip()
         if not name:
             raise TraceError(f"{path}:{line}: a pod needs a name; correct that row or delete it")
-        if name in seen:
-            raise TraceError(f"{path}:{line}: pod {name} is listed again (first on line "
-                             f"{seen[name]}); keep one row per pod")
-        seen[name] = line
+        _first(path, line, "pod", name, seen)
         gpus = _number(path, line, row, "num_gpu")
         milli = _number(path, line, row, "gpu_milli")
         if gpus < 1 or (milli != 1000 and gpus <= 1):
@@ -187,18 +199,24 @@ def load_tasks(path: Path, *, speedup: float, min_runtime_s: float,
 
 
 def placeable(nodes: list[Node], tasks: list[Task]) -> tuple[list[Task], list[Task]]:
-    """The tasks some kept node could hold when empty, and the rest (pinned
-    to GPU models none of the kept nodes has, or larger than every such
-    node). The rest would wait forever under every scheduler and keep the
-    queue non-empty to the end, so they are left out and counted."""
-    most: dict[str, int] = {}
-    for n in nodes:
-        most[n.gpu_model] = max(most.get(n.gpu_model, 0), n.gpus)
+    """The tasks the scheduler could place on the kept nodes once they are
+    empty, and the rest: those it refuses for good (``build_request``'s
+    ``no-node`` and ``too-big``: pinned to GPU models none of the kept
+    nodes has, or larger than every such node). The rest would wait forever
+    under every scheduler and keep the queue non-empty to the end, so they
+    are left out and counted."""
+    state = ClusterState.from_snapshot(nodes, [WORKSPACE], [])
+    config = SchedulerConfig()
     fits, never = [], []
     for t in tasks:
-        models = t.job.gpu_models or most.keys()
-        room = max((most.get(m, 0) for m in models), default=0)
-        (fits if room >= t.job.gpus_per_worker else never).append(t)
+        try:
+            build_request(t.job, state, config)
+        except Invalid as bad:
+            if bad.code not in NEVER_FITS:
+                raise
+            never.append(t)
+        else:
+            fits.append(t)
     return fits, never
 
 

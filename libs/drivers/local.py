@@ -405,16 +405,18 @@ class LocalDriver:
         else:
             while _alive(worker.pid) and not worker.exit_file.exists():
                 await asyncio.sleep(0.25)
+        code: int | None = None
         try:
             code = int(worker.exit_file.read_text())
-        except (OSError, ValueError) as e:
-            # The supervisor itself was killed (by the signal in its own return
-            # code when it is our child; with its node, -9, when adopted). Any
-            # other unreadable record ends the same way: the exit is reported
-            # all the same, or the gang would wait for this rank for ever.
-            if not isinstance(e, FileNotFoundError | ValueError):
-                self._log.warning("exit record unreadable", job=worker.job, rank=worker.rank,
-                                  path=str(worker.exit_file), error=str(e))
+        except (FileNotFoundError, ValueError):
+            pass  # no record: the supervisor itself was killed
+        except OSError as e:
+            # Reported all the same, or the gang would wait for this rank for ever.
+            self._log.warning("exit record unreadable", job=worker.job, rank=worker.rank,
+                              path=str(worker.exit_file), error=str(e))
+        if code is None:
+            # Killed by the signal in the supervisor's own return code when it
+            # is our child; with its node (-9) when adopted.
             own = worker.proc.returncode if worker.proc is not None else None
             code = own if own is not None and own < 0 else -int(signal.SIGKILL)
         self._log.info("worker exited", job=worker.job, node=worker.node, rank=worker.rank,

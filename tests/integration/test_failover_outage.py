@@ -1,6 +1,7 @@
 """Failover during a NATS outage: a fault decided while the bus is down is
 published once it is back, not forgotten (the fault book had already moved
-on, so nothing would ever decide it again)."""
+on, so nothing would ever decide it again); health shows the heartbeat link
+down meanwhile."""
 
 from __future__ import annotations
 
@@ -38,6 +39,12 @@ async def test_a_fault_decided_while_nats_is_down_goes_out_when_it_is_back(
         with pytest.raises(Exception):  # noqa: B017 - a timeout or a connection error
             await asyncio.wait_for(failover._act(decisions), 3)
         assert failover.health()["decisions_unsent"] == len(decisions)
+        # No beat can arrive now, and health says so rather than nothing.
+        for _ in range(100):
+            if not failover.health()["beats_connected"]:
+                break
+            await asyncio.sleep(0.05)
+        assert failover.health()["beats_connected"] is False
         # The same observation again decides nothing new: the book moved on.
         assert failover.book.observe("heartbeat_missed", "gpu-03", bad=True,
                                      now=time.time()) == []
@@ -47,6 +54,9 @@ async def test_a_fault_decided_while_nats_is_down_goes_out_when_it_is_back(
         while failover.health()["decisions_unsent"] and time.monotonic() < deadline:
             await asyncio.sleep(0.1)
         assert failover.health()["decisions_unsent"] == 0
+        while not failover.health()["beats_connected"] and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+        assert failover.health()["beats_connected"] is True
         check = await Bus.connect(server.url, "check")
         try:
             msg = await check.js.get_last_msg("CONTROL", "safe.fault.gpu-03.opened")
