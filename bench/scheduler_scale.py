@@ -9,6 +9,14 @@ estimates). One scheduling cycle decides every queued job; each decision is
 timed on its own. The same queue goes through a plain FIFO first-fit
 scheduler (``services.scheduler.policy.baseline``) on the same cluster.
 
+Two more scenarios run the same queue on a heterogeneous cluster of about
+as many GPUs: the node shapes of a real one, Alibaba's 2026 spot GPU trace
+(``../shared/traces/alibaba-spot-gpu-v2026-node_info_df.csv``: 4,278 nodes
+of 1, 4 or 8 GPUs over six models, two thirds of them 1-GPU nodes),
+repeated in the trace's node order, racks of the same size. There a job
+pinned to a model is pinned to one of those six; without the file they are
+left out, with a note.
+
 Run: ``python bench/scheduler_scale.py`` (``--quick`` for a 10x smaller run).
 The last line printed is one JSON object with every figure.
 """
@@ -16,6 +24,7 @@ The last line printed is one JSON object with every figure.
 from __future__ import annotations
 
 import argparse
+import csv
 import gc
 import json
 import random
@@ -45,6 +54,9 @@ from services.scheduler.policy.baseline import FirstFit  # noqa: E402
 SIZES = [(1, 30), (2, 10), (4, 10), (8, 20), (16, 10), (32, 8), (64, 6), (128, 3),
          (256, 1.5), (512, 1.0), (1024, 0.5)]
 PRIORITIES = [("low", 60), ("medium", 30), ("high", 10)]
+SPOT_NODES = (Path(__file__).resolve().parents[2] / "shared" / "traces"
+              / "alibaba-spot-gpu-v2026-node_info_df.csv")
+SPOT_COLUMNS = ("gpu_model", "gpu_capacity_num", "node_name")
 WORKSPACES = [
     Workspace("train-a", queue_policy="fifo"),
     Workspace("train-b", queue_policy="balance"),
@@ -67,7 +79,44 @@ def build_cluster(racks: int, per_rack: int, *, switches: int, seed: int) -> lis
     return nodes
 
 
-def make_jobs(n: int, *, seed: int, prefix: str, now: float, nodes: list[Node]) -> list[Job]:
+def spot_cluster(path: Path, *, gpus: int, per_rack: int, switches: int,
+                 seed: int) -> list[Node]:
+    """The nodes of ``path`` (the spot trace's node list) repeated until
+    they have at least ``gpus`` GPUs, ``per_rack`` to a rack in file order."""
+    with path.open(newline="") as f:
+        reader = csv.DictReader(f)
+        missing = [c for c in SPOT_COLUMNS if c not in (reader.fieldnames or [])]
+        if missing:
+            raise SystemExit(f"{path}: no column {', '.join(missing)}; pass the node list "
+                             f"of Alibaba's cluster-trace-v2026-spot-gpu")
+        shapes = []
+        for row in reader:
+            try:
+                shapes.append((row["node_name"], row["gpu_model"], int(row["gpu_capacity_num"])))
+            except ValueError:
+                raise SystemExit(f"{path}:{reader.line_num}: gpu_capacity_num="
+                                 f"{row['gpu_capacity_num']!r} is not a whole number; "
+                                 f"correct that row or delete it") from None
+    per_copy = sum(g for _, _, g in shapes)
+    if per_copy <= 0:
+        raise SystemExit(f"{path}: no node with GPUs; pass the spot trace's node list")
+    rng = random.Random(seed)
+    nodes: list[Node] = []
+    for copy in range(-(-gpus // per_copy)):
+        for name, model, count in shapes:
+            i = len(nodes)
+            r = i // per_rack
+            state = "ready" if rng.random() > 0.01 else "quarantined"
+            nodes.append(Node(f"spot{copy}-{name}", count, model, rack=f"r{r:04d}",
+                              switch=f"s{r % switches:02d}",
+                              ip=f"10.{r // 200}.{r % 200}.{i % per_rack + 1}", state=state))
+    return nodes
+
+
+def make_jobs(n: int, *, seed: int, prefix: str, now: float, nodes: list[Node],
+              pins: tuple[str, ...] = ("MI325X",)) -> list[Job]:
+    """``n`` queued jobs; one in ten is pinned to a GPU model of ``pins``
+    (in turn, so the random draws are the same for any ``pins``)."""
     rng = random.Random(seed)
     sizes, size_w = zip(*SIZES, strict=True)
     prios, prio_w = zip(*PRIORITIES, strict=True)
@@ -85,7 +134,7 @@ def make_jobs(n: int, *, seed: int, prefix: str, now: float, nodes: list[Node]) 
             id=f"{prefix}{k:05d}", workspace=rng.choice(WORKSPACES).name,
             workers=workers, gpus_per_worker=per, priority=rng.choices(prios, prio_w)[0],
             submitted_at=now - rng.uniform(0, 3600), min_runtime_s=600,
-            gpu_models=frozenset({"MI325X"}) if rng.random() < 0.1 else frozenset(),
+            gpu_models=frozenset({pins[k % len(pins)]}) if rng.random() < 0.1 else frozenset(),
             unit_workers=unit, unit_scope=scope, recovering=recovering,
             exclude_nodes=frozenset(rng.choice(nodes).name for _ in range(2)) if recovering
             else frozenset(),
@@ -93,10 +142,12 @@ def make_jobs(n: int, *, seed: int, prefix: str, now: float, nodes: list[Node]) 
     return jobs
 
 
-def warm_cluster(nodes: list[Node], *, load: float, seed: int, now: float) -> list[Allocation]:
+def warm_cluster(nodes: list[Node], *, load: float, seed: int, now: float,
+                 pins: tuple[str, ...] = ("MI325X",)) -> list[Allocation]:
     """Running jobs filling about ``load`` of the cluster, placed by the policy."""
     capacity = sum(n.gpus for n in nodes if n.state == "ready")
-    jobs = make_jobs(12_000, seed=seed + 1, prefix="run-", now=now - 7200, nodes=nodes)
+    jobs = make_jobs(12_000, seed=seed + 1, prefix="run-", now=now - 7200, nodes=nodes,
+                     pins=pins)
     spaces = [Workspace(w.name, queue_policy="balance") for w in WORKSPACES]
     result = schedule(Snapshot(nodes, spaces, (), jobs), SchedulerConfig(), now - 7200)
     rng = random.Random(seed + 2)
@@ -199,12 +250,27 @@ def scenarios(args: argparse.Namespace, now: float) -> dict[str, Snapshot]:
     pending = make_jobs(args.jobs, seed=args.seed + 3, prefix="job-", now=now, nodes=nodes)
     running = warm_cluster(nodes, load=args.load, seed=args.seed, now=now)
     balance = [replace(w, queue_policy="balance") for w in WORKSPACES]
-    return {
+    out = {
         f"loaded {args.load:.0%}, FIFO and balance queues":
             Snapshot(nodes, WORKSPACES, running, pending),
         "empty cluster, every queue balance (every job searches)":
             Snapshot(nodes, balance, (), pending),
     }
+    if not args.spot_nodes.exists():
+        print(f"note: {args.spot_nodes} not found; the heterogeneous scenarios are left out",
+              file=sys.stderr)
+        return out
+    spot = spot_cluster(args.spot_nodes, gpus=sum(n.gpus for n in nodes),
+                        per_rack=args.nodes_per_rack, switches=10, seed=args.seed)
+    pins = tuple(sorted({n.gpu_model for n in spot}))
+    pending = make_jobs(args.jobs, seed=args.seed + 3, prefix="job-", now=now, nodes=spot,
+                        pins=pins)
+    running = warm_cluster(spot, load=args.load, seed=args.seed, now=now, pins=pins)
+    out[f"heterogeneous (spot trace shapes), loaded {args.load:.0%}"] = \
+        Snapshot(spot, WORKSPACES, running, pending)
+    out["heterogeneous (spot trace shapes), empty, every queue balance"] = \
+        Snapshot(spot, balance, (), pending)
+    return out
 
 
 def main() -> None:
@@ -215,6 +281,8 @@ def main() -> None:
     parser.add_argument("--load", type=float, default=0.7, help="fraction already running")
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--quick", action="store_true", help="10x smaller cluster and queue")
+    parser.add_argument("--spot-nodes", type=Path, default=SPOT_NODES,
+                        help="node list of the heterogeneous scenarios")
     args = parser.parse_args()
     if args.quick:
         args.racks, args.jobs = 10, 1_000
@@ -226,7 +294,8 @@ def main() -> None:
         fig["peak_mib"] = peak_mib(lambda snap=snap: schedule(snap, SchedulerConfig(), now))
         base["peak_mib"] = peak_mib(lambda snap=snap: run_baseline(snap))
         shape = {"nodes": len(snap.nodes), "gpus": sum(n.gpus for n in snap.nodes),
-                 "racks": args.racks, "running": len(snap.running), "queued": len(snap.pending)}
+                 "racks": len({n.rack for n in snap.nodes}), "running": len(snap.running),
+                 "queued": len(snap.pending)}
         report(name, fig, base, shape)
         results[name] = (fig, base, shape)
     # The headline is the worse scenario for each figure.

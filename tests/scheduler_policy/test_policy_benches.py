@@ -6,6 +6,8 @@ import csv
 from dataclasses import replace
 from pathlib import Path
 
+import pytest
+
 from services.scheduler.policy import Node
 from tests.helpers import load_bench
 
@@ -96,6 +98,30 @@ def test_scale_bench_measures_both_schedulers() -> None:
     assert fig["decisions"] == base["decisions"] == 200
     assert fig["placed"] > 0 and base["placed"] > 0
     assert fig["p99_ms"] >= fig["p50_ms"] > 0
+
+
+def test_scale_bench_repeats_the_spot_node_shapes_and_refuses_a_bad_list(tmp_path: Path) -> None:
+    good = tmp_path / "nodes.csv"
+    good.write_text("gpu_model,gpu_capacity_num,cpu_num,node_name\n"
+                    "A10,1,128,0\nH800,8,128,1\nGPU-series-1,4,96,2\n")
+    nodes = scale.spot_cluster(good, gpus=26, per_rack=4, switches=2, seed=1)
+    assert len(nodes) == 6 and sum(n.gpus for n in nodes) == 26  # two copies of 13 GPUs
+    assert [n.gpus for n in nodes] == [1, 8, 4, 1, 8, 4]
+    assert len({n.name for n in nodes}) == 6
+    assert [n.rack for n in nodes] == ["r0000"] * 4 + ["r0001"] * 2
+    pending = scale.make_jobs(300, seed=2, prefix="j-", now=1000.0, nodes=nodes,
+                              pins=("A10", "H800"))
+    assert {m for j in pending for m in j.gpu_models} == {"A10", "H800"}
+    # The pins only name the models: the same seed draws the same jobs.
+    plain = scale.make_jobs(300, seed=2, prefix="j-", now=1000.0, nodes=nodes)
+    assert [(j.gpus, j.priority) for j in plain] == [(j.gpus, j.priority) for j in pending]
+    bad = tmp_path / "bad.csv"
+    bad.write_text("gpu_model,gpus,node_name\nA10,1,0\n")
+    with pytest.raises(SystemExit, match=r"bad.csv: no column gpu_capacity_num"):
+        scale.spot_cluster(bad, gpus=10, per_rack=4, switches=2, seed=1)
+    bad.write_text("gpu_model,gpu_capacity_num,node_name\nA10,one,0\n")
+    with pytest.raises(SystemExit, match=r"bad.csv:2: gpu_capacity_num='one'"):
+        scale.spot_cluster(bad, gpus=10, per_rack=4, switches=2, seed=1)
 
 
 def test_best_fit_takes_the_tightest_node_that_holds_the_worker() -> None:

@@ -13,6 +13,7 @@ from policy_random import random_snapshot
 from services.scheduler.policy import (
     Allocation,
     ClusterState,
+    Cycle,
     Job,
     SchedulerConfig,
     Snapshot,
@@ -21,8 +22,9 @@ from services.scheduler.policy import (
     find_placement,
     schedule,
 )
-from services.scheduler.policy.placement import Found
+from services.scheduler.policy.placement import Found, _find_one_node
 from services.scheduler.policy.preemption import eligible
+from services.scheduler.policy.request import Invalid, Request
 from services.scheduler.policy.state import RUNNING
 
 CONFIG = SchedulerConfig()
@@ -57,7 +59,8 @@ def _fingerprint(st: ClusterState) -> tuple[Any, ...]:
             tuple(sorted((k, h.kind, tuple(sorted(h.per_node.items())))
                          for k, h in st.holds.items())),
             tuple(sorted((k, v) for k, v in st.ws_used.items() if v)),
-            tuple(sorted((k, v) for k, v in st.ws_model_used.items() if v)))
+            tuple(sorted((k, v) for k, v in st.ws_model_used.items() if v)),
+            tuple(sorted((m, tuple(c)) for m, c in st.model_classes.items())))
 
 
 def _assert_counters_match_nodes(st: ClusterState) -> None:
@@ -69,6 +72,12 @@ def _assert_counters_match_nodes(st: ClusterState) -> None:
         assert hist == cell.hist
         assert cell.free == sum(st.eff_free(i) for i in members)
         assert sorted(i for b in cell.buckets for i in b) == members
+    for model, classes in st.model_classes.items():
+        counted = [0] * len(classes)
+        for i, cell in enumerate(st.cell_of):
+            if cell is not None and cell.model == model and not st.masked[i]:
+                counted[cell.node_class(st.eff_free(i))] += 1
+        assert classes == counted, model
 
 
 def _random_ops(st: ClusterState, rng: random.Random, n: int) -> None:
@@ -110,6 +119,55 @@ def test_what_if_plans_undo_exactly(seed: int) -> None:
     assert _fingerprint(st) == before
     _random_ops(st, rng, 30)
     _assert_counters_match_nodes(st)
+
+
+def _one_node_over_every_node(st: ClusterState, req: Request) -> int | None:
+    """The one-node rule written as a pass over every node (least pressed
+    model, least fragmentation added, tightest node with a partly used one
+    before an empty one, fullest rack, topology order): the reference the
+    class-first search must agree with."""
+    table = st.frag
+    assert table is not None
+    best: tuple[float, float, int, int, int] | None = None
+    for i, cell in enumerate(st.cell_of):
+        if cell is None or st.masked[i] or cell.model not in req.models \
+                or (req.pools is not None and cell.pool not in req.pools):
+            continue
+        free = st.eff_free(i)
+        if free < req.slot_gpus:
+            continue
+        rack_free = sum(c.free for rack_id, cells in st.model_racks[cell.model]
+                        if rack_id == cell.rack_id for c in cells
+                        if req.pools is None or c.pool in req.pools)
+        key = (table.pressure.get(cell.model, 0.0), table.delta(cell.model, free, req.slot_gpus),
+               2 * free + (free == cell.top), rack_free, i)
+        best = key if best is None or key < best else best
+    return None if best is None else best[4]
+
+
+def test_one_node_search_picks_the_node_a_pass_over_every_node_picks() -> None:
+    outcomes = {"found": 0, "none": 0}
+    for seed in range(150):
+        rng = random.Random(seed)
+        snap = random_snapshot(seed, NOW)
+        st = Cycle(snap, CONFIG, NOW).state
+        _random_ops(st, rng, rng.randint(0, 25))
+        for pending in snap.pending:
+            for gpus in (1, 2, 4, 8):
+                one = replace(pending, workers=1, gpus_per_worker=gpus, unit_workers=1,
+                              prefer_nodes=frozenset(), exclude_nodes=frozenset())
+                try:
+                    req = build_request(one, st, CONFIG)
+                except Invalid:
+                    continue
+                for pools in (req.pools, frozenset({"spot"})):
+                    req = replace(req, pools=pools)
+                    found = _find_one_node(st, req, st.frag)
+                    want = _one_node_over_every_node(st, req)
+                    got = next(iter(found.per_node)) if isinstance(found, Found) else None
+                    assert got == want, (seed, one, pools)
+                    outcomes["found" if got is not None else "none"] += 1
+    assert min(outcomes.values()) > 100, outcomes
 
 
 @pytest.mark.parametrize("seed", range(200))

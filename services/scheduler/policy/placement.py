@@ -94,10 +94,12 @@ def _find(state: ClusterState, req: Request, *, choose: bool = True) -> Found | 
     for model in req.models:
         model_free = state.model_free.get(model, 0)
         free_gpus += model_free
-        if choose and pools is None and model_free < req.need:
-            continue
+        if choose and (pools is None and model_free < req.need
+                       or _slots_at_most(state, model, sg) // ru < need):
+            continue  # too few free GPUs, or too few free in whole slots
         caps: list[RackCap] = []
         units_total = 0
+        rack_switch = state.rack_switch
         for rack_id, cells in state.model_racks[model]:
             if pools is not None:
                 cells = [c for c in cells if c.pool in pools]
@@ -105,8 +107,10 @@ def _find(state: ClusterState, req: Request, *, choose: bool = True) -> Found | 
                     continue
             if len(cells) == 1:
                 cell = cells[0]
-                slots = cell.slots(sg)
                 score = cell.free
+                if score < sg and choose:  # no slot here (common on a busy cluster)
+                    continue
+                slots = cell.slots(sg)
             else:
                 slots = sum(c.slots(sg) for c in cells)
                 score = sum(c.free for c in cells)
@@ -119,7 +123,7 @@ def _find(state: ClusterState, req: Request, *, choose: bool = True) -> Found | 
             units = slots // ru
             if units:
                 units_total += units
-                caps.append(RackCap(rack_id, state.rack_switch[rack_id], units, score,
+                caps.append(RackCap(rack_id, rack_switch[rack_id], units, score,
                                     pref_racks.get(rack_id, 0), cells))
         fit_units = max(fit_units, units_total)
         if not choose or units_total < need:
@@ -145,34 +149,67 @@ def _find_one_node(state: ClusterState, req: Request, table: FragTable) -> Found
     """A single slot: the least pressed GPU model, then the node whose
     fragmentation for the expected mix grows least; ties go to the tightest
     node (a partly used one before an empty one), then the fullest rack,
-    then topology order."""
+    then topology order.
+
+    The first three depend only on the model and the node's class (its free
+    GPUs, and whether it is empty), and the per-model class counters say
+    which classes exist: those are ranked first, and only the best one's
+    racks are visited. Ranking every free count of every cell instead made
+    a decision cost milliseconds on a cluster of many racks of small nodes
+    (``bench/scheduler_scale.py``'s heterogeneous scenarios)."""
     sg, pools = req.slot_gpus, req.pools
-    best: tuple[float, float, int, int, int] | None = None
-    best_model = ""
+    ranked: list[tuple[float, float, int, str]] = []
     for model in req.models:
         if state.model_free.get(model, 0) < sg:
             continue
         pressure = table.pressure.get(model, 0.0)
-        for _, cells in state.model_racks[model]:
-            rack_free = 0
-            found: list[tuple[float, int, int]] = []
-            for cell in cells:
-                if pools is not None and cell.pool not in pools:
-                    continue
-                rack_free += cell.free
-                hist = cell.hist
-                top = len(hist) - 1
-                for f in range(sg, len(hist)):
-                    if hist[f]:
-                        found.append((table.delta(model, f, sg), 2 * f + (f == top),
-                                      cell.buckets[f][0]))
-            for delta, tight, node in found:
-                key = (pressure, delta, tight, rack_free, node)
-                if best is None or key < best:
-                    best, best_model = key, model
-    if best is None:
-        return _find(state, req, choose=False)
-    return _found(req, best_model, {best[4]: 1}, 1)
+        classes = state.model_classes[model]
+        for c in range(2 * sg, len(classes)):
+            if classes[c]:
+                ranked.append((pressure, table.delta(model, c >> 1, sg), c, model))
+    ranked.sort()
+    start = 0
+    while start < len(ranked):
+        key = ranked[start][:3]
+        end = start
+        best: tuple[int, int] | None = None
+        best_model = ""
+        while end < len(ranked) and ranked[end][:3] == key:
+            c, model = ranked[end][2], ranked[end][3]
+            end += 1
+            found = _fullest_rack_with(state, model, c, pools)
+            if found is not None and (best is None or found < best):
+                best, best_model = found, model
+        if best is not None:
+            return _found(req, best_model, {best[1]: 1}, 1)
+        start = end  # that class is only in pools the job may not use
+    # No usable node has room for the slot (``measure`` has the details).
+    return Shortfall(state.free_gpus(req.models, pools), 0, 0, -1)
+
+
+def _fullest_rack_with(state: ClusterState, model: str, node_class: int,
+                       pools: frozenset[str] | None) -> tuple[int, int] | None:
+    """(free GPUs of ``model`` in the rack, node) of the lowest node of
+    ``node_class`` in the rack with the fewest free GPUs of the model; None
+    if no usable cell has such a node."""
+    f = node_class >> 1
+    empty = node_class & 1
+    best: tuple[int, int] | None = None
+    for _, cells in state.model_racks[model]:
+        rack_free = 0
+        node = -1
+        for cell in cells:
+            if pools is not None and cell.pool not in pools:
+                continue
+            rack_free += cell.free
+            hist = cell.hist
+            if f < len(hist) and hist[f] and (f == len(hist) - 1) == empty:
+                first = cell.buckets[f][0]
+                if node < 0 or first < node:
+                    node = first
+        if node >= 0 and (best is None or (rack_free, node) < best):
+            best = (rack_free, node)
+    return best
 
 
 def place_on(state: ClusterState, req: Request, nodes: Iterable[int]) -> Found | None:
@@ -210,6 +247,13 @@ def place_on(state: ClusterState, req: Request, nodes: Iterable[int]) -> Found |
                 break
         return _found(req, model, taken, len({r for i, _, r in candidates if i in taken}))
     return None
+
+
+def _slots_at_most(state: ClusterState, model: str, slot_gpus: int) -> int:
+    """Slots of ``slot_gpus`` the free GPUs of ``model`` hold, over every
+    pool: no choice of racks can find more."""
+    return sum(n * ((c >> 1) // slot_gpus)
+               for c, n in enumerate(state.model_classes.get(model, ())) if n)
 
 
 def _most_free(cell: Cell) -> int:

@@ -88,6 +88,8 @@ class ClusterState:
         self.model_racks: dict[str, list[tuple[int, list[Cell]]]] = {}
         self.model_free: dict[str, int] = {}
         self.model_max_gpus: dict[str, int] = {}
+        self.model_classes: dict[str, list[int]] = {}
+        """Per GPU model: its usable nodes counted by ``Cell.node_class``."""
         self.allocs: dict[str, Alloc] = {}
         self.holds: dict[str, Hold] = {}
         self.ws_used: dict[str, int] = {}
@@ -167,6 +169,13 @@ class ClusterState:
                 racks[-1][1].append(cell)
             else:
                 racks.append((cell.rack_id, [cell]))
+            classes = self.model_classes.get(cell.model)
+            if classes is None:
+                size = 2 * self.model_max_gpus[cell.model] + 2
+                classes = self.model_classes[cell.model] = [0] * size
+            for f, count in enumerate(cell.hist):
+                classes[cell.node_class(f)] += count
+            cell.classes = classes  # kept up to date by the cell from here on
 
     # -- reading -------------------------------------------------------------
 

@@ -47,10 +47,13 @@ class Cell:
     ``cap_hist[c]`` counts usable nodes by their total GPUs. All three are
     kept up to date on every allocation, so a placement question costs a
     pass over a few counters per rack instead of a pass over every node.
+    ``classes``, shared by the cells of one GPU model, counts their nodes by
+    ``node_class``, so a one-node question can first pick the kind of node
+    it wants and then visit only the racks that have one.
     """
 
     __slots__ = ("index", "switch", "rack", "rack_id", "model", "pool",
-                 "hist", "buckets", "cap_hist", "free")
+                 "hist", "buckets", "cap_hist", "free", "classes")
 
     def __init__(self, index: int, switch: str, rack: str, rack_id: int,
                  model: str, pool: str, max_gpus: int) -> None:
@@ -64,12 +67,26 @@ class Cell:
         self.buckets: list[list[int]] = [[] for _ in range(max_gpus + 1)]
         self.cap_hist = [0] * (max_gpus + 1)
         self.free = 0
+        self.classes: list[int] | None = None
+
+    @property
+    def top(self) -> int:
+        """The most GPUs a node of this cell has."""
+        return len(self.hist) - 1
+
+    def node_class(self, free: int) -> int:
+        """``2 * free``, plus 1 when that is a whole node of the cell's
+        largest size (wholly free): tighter nodes sort first, and at equal
+        free GPUs a partly used node before an empty one."""
+        return 2 * free + (free == len(self.hist) - 1)
 
     def add(self, node: int, free: int, gpus: int) -> None:
         self.hist[free] += 1
         insort(self.buckets[free], node)
         self.cap_hist[gpus] += 1
         self.free += free
+        if self.classes is not None:
+            self.classes[self.node_class(free)] += 1
 
     def append(self, node: int, free: int, gpus: int) -> None:
         """``add`` for a node with a higher index than any already here."""
@@ -84,6 +101,8 @@ class Cell:
         del bucket[_find(bucket, node)]
         self.cap_hist[gpus] -= 1
         self.free -= free
+        if self.classes is not None:
+            self.classes[self.node_class(free)] -= 1
 
     def move(self, node: int, old: int, new: int) -> None:
         self.hist[old] -= 1
@@ -92,6 +111,10 @@ class Cell:
         del bucket[_find(bucket, node)]
         insort(self.buckets[new], node)
         self.free += new - old
+        classes = self.classes
+        if classes is not None:
+            classes[self.node_class(old)] -= 1
+            classes[self.node_class(new)] += 1
 
     def slots(self, slot_gpus: int) -> int:
         """How many slots of ``slot_gpus`` the free GPUs of this cell hold."""
