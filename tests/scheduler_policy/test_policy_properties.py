@@ -60,7 +60,7 @@ def _fingerprint(st: ClusterState) -> tuple[Any, ...]:
                          for k, h in st.holds.items())),
             tuple(sorted((k, v) for k, v in st.ws_used.items() if v)),
             tuple(sorted((k, v) for k, v in st.ws_model_used.items() if v)),
-            tuple(sorted((m, tuple(c)) for m, c in st.model_classes.items())))
+            tuple(sorted((m, tuple(c.classes)) for m, c in st.model_counts.items())))
 
 
 def _assert_counters_match_nodes(st: ClusterState) -> None:
@@ -72,12 +72,17 @@ def _assert_counters_match_nodes(st: ClusterState) -> None:
         assert hist == cell.hist
         assert cell.free == sum(st.eff_free(i) for i in members)
         assert sorted(i for b in cell.buckets for i in b) == members
-    for model, classes in st.model_classes.items():
-        counted = [0] * len(classes)
+    for model, counts in st.model_counts.items():
+        counted = [0] * len(counts.classes)
         for i, cell in enumerate(st.cell_of):
             if cell is not None and cell.model == model and not st.masked[i]:
                 counted[cell.node_class(st.eff_free(i))] += 1
-        assert classes == counted, model
+        assert counts.classes == counted, model
+        racks = st.model_racks[model]
+        for rack_id, cells in racks:
+            assert counts.rack_free[rack_id] == sum(c.free for c in cells)
+            assert rack_id in counts.by_free[counts.rack_free[rack_id]]
+        assert sum(len(r) for r in counts.by_free) == len(racks)
 
 
 def _random_ops(st: ClusterState, rng: random.Random, n: int) -> None:

@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from .domains import RackCap, choose_racks
+from .domains import Choice, ChoiceKey, RackCap, choose_racks
 from .fragmentation import FragTable
 from .request import Request
 from .state import ClusterState
@@ -97,38 +97,14 @@ def _find(state: ClusterState, req: Request, *, choose: bool = True) -> Found | 
         if choose and (pools is None and model_free < req.need
                        or _slots_at_most(state, model, sg) // ru < need):
             continue  # too few free GPUs, or too few free in whole slots
-        caps: list[RackCap] = []
-        units_total = 0
-        rack_switch = state.rack_switch
-        for rack_id, cells in state.model_racks[model]:
-            if pools is not None:
-                cells = [c for c in cells if c.pool in pools]
-                if not cells:
-                    continue
-            if len(cells) == 1:
-                cell = cells[0]
-                score = cell.free
-                if score < sg and choose:  # no slot here (common on a busy cluster)
-                    continue
-                slots = cell.slots(sg)
-            else:
-                slots = sum(c.slots(sg) for c in cells)
-                score = sum(c.free for c in cells)
-            if slots > best_rack_slots:
-                best_rack_slots, best_rack = slots, rack_id
-            if not choose:
-                most = max(most, *(_most_free(c) for c in cells))
-            if single and slots:
-                score |= _best_fit(cells, sg) << 32
-            units = slots // ru
-            if units:
-                units_total += units
-                caps.append(RackCap(rack_id, rack_switch[rack_id], units, score,
-                                    pref_racks.get(rack_id, 0), cells))
-        fit_units = max(fit_units, units_total)
-        if not choose or units_total < need:
+        offer = _offer(state, model, req, pref_racks, choose=choose)
+        if offer.top_slots > best_rack_slots:
+            best_rack_slots, best_rack = offer.top_slots, offer.top_rack
+        most = max(most, offer.most)
+        fit_units = max(fit_units, offer.units)
+        if not choose or offer.units < need:
             continue
-        chosen = choose_racks(caps, need)
+        chosen = offer.choose(need)
         if chosen is None:
             continue
         # Across GPU models: fewest racks, switches and most preferred nodes
@@ -143,6 +119,82 @@ def _find(state: ClusterState, req: Request, *, choose: bool = True) -> Found | 
         return Shortfall(free_gpus, fit_units, best_rack_slots * sg, best_rack, most)
     _, model, choice = best
     return _materialise(state, req, model, choice)
+
+
+class _Offer:
+    """What the racks of one GPU model offer one request shape: a
+    ``RackCap`` per rack with room for a unit, the units in all, the rack
+    with the most slots (first in topology order on a tie) and, when
+    measuring, the most free GPUs on a node. Rack choices per size are
+    memoised with it."""
+
+    __slots__ = ("version", "caps", "units", "top_slots", "top_rack", "most", "chosen")
+
+    def __init__(self, version: int, caps: list[RackCap], units: int, top_slots: int,
+                 top_rack: int, most: int) -> None:
+        self.version = version
+        self.caps = caps
+        self.units = units
+        self.top_slots = top_slots
+        self.top_rack = top_rack
+        self.most = most
+        self.chosen: dict[int, tuple[ChoiceKey, Choice] | None] = {}
+
+    def choose(self, need: int) -> tuple[ChoiceKey, Choice] | None:
+        if need not in self.chosen:
+            self.chosen[need] = choose_racks(self.caps, need)
+        return self.chosen[need]
+
+
+def _offer(state: ClusterState, model: str, req: Request, pref_racks: dict[int, int], *,
+           choose: bool) -> _Offer:
+    """One pass over the racks of ``model`` for ``req``'s shape. Placing a
+    gang changes one model's counters; the next gang's search reuses the
+    other models' offers (kept in ``state.rack_caps`` until their version
+    moves) instead of passing over their racks again."""
+    sg, ru, pools = req.slot_gpus, req.rack_unit, req.pools
+    single = req.slots == 1
+    counts = state.model_counts.get(model)
+    key: tuple[object, ...] | None = None
+    if choose and not pref_racks and counts is not None:
+        key = (model, sg, ru, pools, single)
+        kept = state.rack_caps.get(key)
+        if kept is not None and kept.version == counts.version:
+            return kept
+    caps: list[RackCap] = []
+    units_total = top_slots = most = 0
+    top_rack = -1
+    rack_switch = state.rack_switch
+    for rack_id, cells in state.model_racks[model]:
+        if pools is not None:
+            cells = [c for c in cells if c.pool in pools]
+            if not cells:
+                continue
+        if len(cells) == 1:
+            cell = cells[0]
+            score = cell.free
+            if score < sg and choose:  # no slot here (common on a busy cluster)
+                continue
+            slots = cell.slots(sg)
+        else:
+            slots = sum(c.slots(sg) for c in cells)
+            score = sum(c.free for c in cells)
+        if slots > top_slots:
+            top_slots, top_rack = slots, rack_id
+        if not choose:
+            most = max(most, *(_most_free(c) for c in cells))
+        if single and slots:
+            score |= _best_fit(cells, sg) << 32
+        units = slots // ru
+        if units:
+            units_total += units
+            caps.append(RackCap(rack_id, rack_switch[rack_id], units, score,
+                                pref_racks.get(rack_id, 0), cells))
+    offer = _Offer(counts.version if counts is not None else -1, caps, units_total,
+                   top_slots, top_rack, most)
+    if key is not None:
+        state.rack_caps[key] = offer
+    return offer
 
 
 def _find_one_node(state: ClusterState, req: Request, table: FragTable) -> Found | Shortfall:
@@ -163,7 +215,7 @@ def _find_one_node(state: ClusterState, req: Request, table: FragTable) -> Found
         if state.model_free.get(model, 0) < sg:
             continue
         pressure = table.pressure.get(model, 0.0)
-        classes = state.model_classes[model]
+        classes = state.model_counts[model].classes
         for c in range(2 * sg, len(classes)):
             if classes[c]:
                 ranked.append((pressure, table.delta(model, c >> 1, sg), c, model))
@@ -191,9 +243,25 @@ def _fullest_rack_with(state: ClusterState, model: str, node_class: int,
                        pools: frozenset[str] | None) -> tuple[int, int] | None:
     """(free GPUs of ``model`` in the rack, node) of the lowest node of
     ``node_class`` in the rack with the fewest free GPUs of the model; None
-    if no usable cell has such a node."""
+    if no usable cell has such a node. Without a pool filter the racks are
+    visited fullest first and the first that has one ends the search."""
     f = node_class >> 1
     empty = node_class & 1
+    if pools is None:  # the racks by free GPUs, fullest first
+        counts = state.model_counts[model]
+        rack_cells = counts.rack_cells
+        for free in range(f, len(counts.by_free)):
+            node = -1
+            for rack_id in counts.by_free[free]:
+                for cell in rack_cells[rack_id]:
+                    hist = cell.hist
+                    if f < len(hist) and hist[f] and (f == len(hist) - 1) == empty:
+                        first = cell.buckets[f][0]
+                        if node < 0 or first < node:
+                            node = first
+            if node >= 0:
+                return free, node
+        return None
     best: tuple[int, int] | None = None
     for _, cells in state.model_racks[model]:
         rack_free = 0
@@ -252,8 +320,9 @@ def place_on(state: ClusterState, req: Request, nodes: Iterable[int]) -> Found |
 def _slots_at_most(state: ClusterState, model: str, slot_gpus: int) -> int:
     """Slots of ``slot_gpus`` the free GPUs of ``model`` hold, over every
     pool: no choice of racks can find more."""
-    return sum(n * ((c >> 1) // slot_gpus)
-               for c, n in enumerate(state.model_classes.get(model, ())) if n)
+    counts = state.model_counts.get(model)
+    return 0 if counts is None else sum(n * ((c >> 1) // slot_gpus)
+                                        for c, n in enumerate(counts.classes) if n)
 
 
 def _most_free(cell: Cell) -> int:

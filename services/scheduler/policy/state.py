@@ -17,7 +17,7 @@ from typing import Any
 
 from .fragmentation import FragTable
 from .model import Allocation, Job, Node, Workspace
-from .topology import Cell, topo_key
+from .topology import Cell, ModelCounts, topo_key
 
 RUNNING = "running"
 PLACED = "placed"
@@ -88,8 +88,10 @@ class ClusterState:
         self.model_racks: dict[str, list[tuple[int, list[Cell]]]] = {}
         self.model_free: dict[str, int] = {}
         self.model_max_gpus: dict[str, int] = {}
-        self.model_classes: dict[str, list[int]] = {}
+        self.model_counts: dict[str, ModelCounts] = {}
         """Per GPU model: its usable nodes counted by ``Cell.node_class``."""
+        self.rack_caps: dict[tuple[object, ...], Any] = {}
+        """Placement's per-model answers, valid while the model's version holds."""
         self.allocs: dict[str, Alloc] = {}
         self.holds: dict[str, Hold] = {}
         self.ws_used: dict[str, int] = {}
@@ -169,13 +171,11 @@ class ClusterState:
                 racks[-1][1].append(cell)
             else:
                 racks.append((cell.rack_id, [cell]))
-            classes = self.model_classes.get(cell.model)
-            if classes is None:
-                size = 2 * self.model_max_gpus[cell.model] + 2
-                classes = self.model_classes[cell.model] = [0] * size
-            for f, count in enumerate(cell.hist):
-                classes[cell.node_class(f)] += count
-            cell.classes = classes  # kept up to date by the cell from here on
+        for model, racks in self.model_racks.items():
+            counts = self.model_counts[model] = ModelCounts(self.model_max_gpus[model], racks)
+            for _, cells in racks:
+                for cell in cells:
+                    cell.counts = counts  # kept up to date by the cells from here on
 
     # -- reading -------------------------------------------------------------
 

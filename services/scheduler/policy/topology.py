@@ -39,6 +39,39 @@ def rack_label(rack: str) -> str:
     return rack or "(unlabelled)"
 
 
+class ModelCounts:
+    """What the cells of one GPU model keep together: their usable nodes
+    counted by ``Cell.node_class``; the free GPUs of the model in each rack,
+    and the racks by that number (``by_free[v]``: the racks with exactly
+    ``v`` free), so the fullest rack with some kind of node is found
+    without visiting the emptier ones; and a version that changes whenever
+    any of their counters does (so an answer computed over the model's racks
+    can be reused until then)."""
+
+    __slots__ = ("classes", "version", "rack_free", "by_free", "rack_cells")
+
+    def __init__(self, max_gpus: int, racks: list[tuple[int, list[Cell]]]) -> None:
+        self.classes = [0] * (2 * max_gpus + 2)
+        self.version = 0
+        self.rack_cells = dict(racks)
+        self.rack_free = {r: sum(c.free for c in cells) for r, cells in racks}
+        most = max((sum(c.capacity_slots(1) for c in cells) for _, cells in racks), default=0)
+        self.by_free: list[set[int]] = [set() for _ in range(most + 1)]
+        for r, free in self.rack_free.items():
+            self.by_free[free].add(r)
+        for _, cells in racks:
+            for cell in cells:
+                for f, n in enumerate(cell.hist):
+                    self.classes[cell.node_class(f)] += n
+
+    def shift(self, rack_id: int, delta: int) -> None:
+        """The rack's free GPUs of the model changed by ``delta``."""
+        old = self.rack_free[rack_id]
+        self.rack_free[rack_id] = old + delta
+        self.by_free[old].discard(rack_id)
+        self.by_free[old + delta].add(rack_id)
+
+
 class Cell:
     """Counters for the ready nodes of one (switch, rack, model, pool).
 
@@ -47,13 +80,13 @@ class Cell:
     ``cap_hist[c]`` counts usable nodes by their total GPUs. All three are
     kept up to date on every allocation, so a placement question costs a
     pass over a few counters per rack instead of a pass over every node.
-    ``classes``, shared by the cells of one GPU model, counts their nodes by
-    ``node_class``, so a one-node question can first pick the kind of node
-    it wants and then visit only the racks that have one.
+    ``counts`` is shared by the cells of one GPU model (``ModelCounts``), so
+    a one-node question can first pick the kind of node it wants and then
+    visit only the racks that have one.
     """
 
     __slots__ = ("index", "switch", "rack", "rack_id", "model", "pool",
-                 "hist", "buckets", "cap_hist", "free", "classes")
+                 "hist", "buckets", "cap_hist", "free", "counts")
 
     def __init__(self, index: int, switch: str, rack: str, rack_id: int,
                  model: str, pool: str, max_gpus: int) -> None:
@@ -67,7 +100,7 @@ class Cell:
         self.buckets: list[list[int]] = [[] for _ in range(max_gpus + 1)]
         self.cap_hist = [0] * (max_gpus + 1)
         self.free = 0
-        self.classes: list[int] | None = None
+        self.counts: ModelCounts | None = None
 
     @property
     def top(self) -> int:
@@ -85,8 +118,12 @@ class Cell:
         insort(self.buckets[free], node)
         self.cap_hist[gpus] += 1
         self.free += free
-        if self.classes is not None:
-            self.classes[self.node_class(free)] += 1
+        counts = self.counts
+        if counts is not None:
+            counts.classes[self.node_class(free)] += 1
+            counts.version += 1
+            if free:
+                counts.shift(self.rack_id, free)
 
     def append(self, node: int, free: int, gpus: int) -> None:
         """``add`` for a node with a higher index than any already here."""
@@ -101,8 +138,12 @@ class Cell:
         del bucket[_find(bucket, node)]
         self.cap_hist[gpus] -= 1
         self.free -= free
-        if self.classes is not None:
-            self.classes[self.node_class(free)] -= 1
+        counts = self.counts
+        if counts is not None:
+            counts.classes[self.node_class(free)] -= 1
+            counts.version += 1
+            if free:
+                counts.shift(self.rack_id, -free)
 
     def move(self, node: int, old: int, new: int) -> None:
         self.hist[old] -= 1
@@ -111,10 +152,12 @@ class Cell:
         del bucket[_find(bucket, node)]
         insort(self.buckets[new], node)
         self.free += new - old
-        classes = self.classes
-        if classes is not None:
-            classes[self.node_class(old)] -= 1
-            classes[self.node_class(new)] += 1
+        counts = self.counts
+        if counts is not None:
+            counts.classes[self.node_class(old)] -= 1
+            counts.classes[self.node_class(new)] += 1
+            counts.version += 1
+            counts.shift(self.rack_id, new - old)
 
     def slots(self, slot_gpus: int) -> int:
         """How many slots of ``slot_gpus`` the free GPUs of this cell hold."""
