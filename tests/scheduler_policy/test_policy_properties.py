@@ -22,7 +22,7 @@ from services.scheduler.policy import (
     find_placement,
     schedule,
 )
-from services.scheduler.policy.placement import Found, _find_one_node
+from services.scheduler.policy.placement import Found, _find_one_node, _Offer, _offer
 from services.scheduler.policy.preemption import eligible
 from services.scheduler.policy.request import Invalid, Request
 from services.scheduler.policy.state import RUNNING
@@ -173,6 +173,47 @@ def test_one_node_search_picks_the_node_a_pass_over_every_node_picks() -> None:
                     assert got == want, (seed, one, pools)
                     outcomes["found" if got is not None else "none"] += 1
     assert min(outcomes.values()) > 100, outcomes
+
+
+def _offer_figures(offer: _Offer) -> tuple[Any, ...]:
+    caps = [None if c is None else (c.rack_id, c.units, c.score, c.pref) for c in offer.caps]
+    return offer.units, tuple(offer.slots), tuple(caps), offer.top()
+
+
+def _choice(offer: _Offer, need: int) -> tuple[Any, ...] | None:
+    chosen = offer.choose(need)
+    return None if chosen is None else (chosen[0], [(c.rack_id, n) for c, n in chosen[1]])
+
+
+def test_kept_rack_offers_match_a_fresh_count_after_any_changes() -> None:
+    """A gang's search keeps each model's rack offer for the cycle and
+    recounts only the racks changed since; after placements, holds, masks
+    and undone plans it must say what a fresh pass over every rack says."""
+    compared = 0
+    for seed in range(80):
+        rng = random.Random(seed)
+        snap = random_snapshot(seed, NOW)
+        st = ClusterState.from_snapshot(snap.nodes, snap.workspaces, snap.running)
+        shapes = []
+        for pending in snap.pending:
+            try:
+                shapes.append(build_request(replace(pending, prefer_nodes=frozenset()), st, CONFIG))
+            except Invalid:
+                continue
+        for _ in range(4):
+            for req in shapes:
+                for model in req.models:
+                    kept = _offer(st, model, req, {}, keep=True)
+                    assert _offer_figures(kept) == _offer_figures(_Offer(st, model, req, {}))
+                    fresh = _Offer(st, model, req, {})
+                    for need in (1, 2, 5):
+                        assert _choice(kept, need) == _choice(fresh, need)
+                    compared += 1
+            with st.what_if() as plan:
+                _random_ops(st, rng, rng.randint(1, 12))
+                if rng.random() < 0.5:
+                    plan.commit()
+    assert compared > 1000
 
 
 @pytest.mark.parametrize("seed", range(200))

@@ -22,7 +22,7 @@ from .domains import Choice, ChoiceKey, RackCap, choose_racks
 from .fragmentation import FragTable
 from .request import Request
 from .state import ClusterState
-from .topology import Cell
+from .topology import Cell, ModelCounts
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,26 +83,28 @@ def measure(state: ClusterState, req: Request) -> Shortfall:
 def _find(state: ClusterState, req: Request, *, choose: bool = True) -> Found | Shortfall:
     best: tuple[tuple[float, ...], str, list[tuple[RackCap, int]]] | None = None
     frag = state.frag if choose else None
-    free_gpus = fit_units = best_rack_slots = most = 0
-    best_rack = -1
+    free_gpus = fit_units = most = 0
     need = req.units
     sg, ru, pools = req.slot_gpus, req.rack_unit, req.pools
     single = req.slots == 1  # one node: the tightest node matters more than the tightest rack
     if single and choose and state.frag is not None and not req.prefer:
         return _find_one_node(state, req, state.frag)
     pref_racks = _preferred_racks(state, req)
+    offers: list[_Offer] = []
     for model in req.models:
         model_free = state.model_free.get(model, 0)
         free_gpus += model_free
         if choose and (pools is None and model_free < req.need
                        or _slots_at_most(state, model, sg) // ru < need):
             continue  # too few free GPUs, or too few free in whole slots
-        offer = _offer(state, model, req, pref_racks, choose=choose)
-        if offer.top_slots > best_rack_slots:
-            best_rack_slots, best_rack = offer.top_slots, offer.top_rack
-        most = max(most, offer.most)
+        offer = _offer(state, model, req, pref_racks, keep=choose)
+        offers.append(offer)
         fit_units = max(fit_units, offer.units)
-        if not choose or offer.units < need:
+        if not choose:
+            most = max(most, max((_most_free(c) for _, cells in offer.racks for c in cells
+                                  if pools is None or c.pool in pools), default=0))
+            continue
+        if offer.units < need:
             continue
         chosen = offer.choose(need)
         if chosen is None:
@@ -116,84 +118,119 @@ def _find(state: ClusterState, req: Request, *, choose: bool = True) -> Found | 
     if best is None:
         if pools is not None:
             free_gpus = state.free_gpus(req.models, pools)
+        best_rack_slots, best_rack = 0, -1
+        for offer in offers:  # the rack with the most slots, first in topology order
+            slots, rack = offer.top()
+            if slots > best_rack_slots:
+                best_rack_slots, best_rack = slots, rack
         return Shortfall(free_gpus, fit_units, best_rack_slots * sg, best_rack, most)
     _, model, choice = best
     return _materialise(state, req, model, choice)
 
 
 class _Offer:
-    """What the racks of one GPU model offer one request shape: a
-    ``RackCap`` per rack with room for a unit, the units in all, the rack
-    with the most slots (first in topology order on a tie) and, when
-    measuring, the most free GPUs on a node. Rack choices per size are
-    memoised with it."""
+    """What the racks of one GPU model offer one request shape (slot size,
+    rack unit, pools, one slot or more): per rack, in topology order, its
+    free slots and, when it has room for a unit, a ``RackCap``; the units in
+    all; and the rack choice per size, memoised.
 
-    __slots__ = ("version", "caps", "units", "top_slots", "top_rack", "most", "chosen")
+    Offers without preferred nodes are kept for the cycle in
+    ``state.rack_caps``. When the model's counters change (a placement, a
+    hold, an undo), ``refresh`` looks again only at the racks named in the
+    model's change log since: a gang's search then costs the racks that
+    changed plus the rack choice, not a pass over every rack of every model
+    (milliseconds a decision with thousands of racks)."""
 
-    def __init__(self, version: int, caps: list[RackCap], units: int, top_slots: int,
-                 top_rack: int, most: int) -> None:
-        self.version = version
-        self.caps = caps
-        self.units = units
-        self.top_slots = top_slots
-        self.top_rack = top_rack
-        self.most = most
+    __slots__ = ("racks", "sg", "ru", "pools", "single", "pref", "slots", "caps",
+                 "units", "seen", "_caps", "chosen")
+
+    def __init__(self, state: ClusterState, model: str, req: Request,
+                 pref_racks: dict[int, int]) -> None:
+        self.racks = state.model_racks[model]
+        self.sg, self.ru, self.pools = req.slot_gpus, req.rack_unit, req.pools
+        self.single = req.slots == 1
+        self.pref = pref_racks
+        self.slots = [0] * len(self.racks)
+        self.caps: list[RackCap | None] = [None] * len(self.racks)
+        self.units = 0
+        counts = state.model_counts.get(model)
+        self.seen = len(counts.changed) if counts is not None else 0
+        self._caps: list[RackCap] | None = None
         self.chosen: dict[int, tuple[ChoiceKey, Choice] | None] = {}
+        for k in range(len(self.racks)):
+            self._look(state, k)
 
-    def choose(self, need: int) -> tuple[ChoiceKey, Choice] | None:
-        if need not in self.chosen:
-            self.chosen[need] = choose_racks(self.caps, need)
-        return self.chosen[need]
-
-
-def _offer(state: ClusterState, model: str, req: Request, pref_racks: dict[int, int], *,
-           choose: bool) -> _Offer:
-    """One pass over the racks of ``model`` for ``req``'s shape. Placing a
-    gang changes one model's counters; the next gang's search reuses the
-    other models' offers (kept in ``state.rack_caps`` until their version
-    moves) instead of passing over their racks again."""
-    sg, ru, pools = req.slot_gpus, req.rack_unit, req.pools
-    single = req.slots == 1
-    counts = state.model_counts.get(model)
-    key: tuple[object, ...] | None = None
-    if choose and not pref_racks and counts is not None:
-        key = (model, sg, ru, pools, single)
-        kept = state.rack_caps.get(key)
-        if kept is not None and kept.version == counts.version:
-            return kept
-    caps: list[RackCap] = []
-    units_total = top_slots = most = 0
-    top_rack = -1
-    rack_switch = state.rack_switch
-    for rack_id, cells in state.model_racks[model]:
+    def _look(self, state: ClusterState, k: int) -> None:
+        """(Re)count rack ``k`` of the model."""
+        rack_id, cells = self.racks[k]
+        sg, pools = self.sg, self.pools
         if pools is not None:
             cells = [c for c in cells if c.pool in pools]
-            if not cells:
-                continue
         if len(cells) == 1:
             cell = cells[0]
             score = cell.free
-            if score < sg and choose:  # no slot here (common on a busy cluster)
-                continue
-            slots = cell.slots(sg)
+            slots = cell.slots(sg) if score >= sg else 0
         else:
             slots = sum(c.slots(sg) for c in cells)
             score = sum(c.free for c in cells)
-        if slots > top_slots:
-            top_slots, top_rack = slots, rack_id
-        if not choose:
-            most = max(most, *(_most_free(c) for c in cells))
-        if single and slots:
-            score |= _best_fit(cells, sg) << 32
-        units = slots // ru
+        old = self.caps[k]
+        if old is not None:
+            self.units -= old.units
+        self.slots[k] = slots
+        units = slots // self.ru
         if units:
-            units_total += units
-            caps.append(RackCap(rack_id, rack_switch[rack_id], units, score,
-                                pref_racks.get(rack_id, 0), cells))
-    offer = _Offer(counts.version if counts is not None else -1, caps, units_total,
-                   top_slots, top_rack, most)
-    if key is not None:
-        state.rack_caps[key] = offer
+            if self.single:
+                score |= _best_fit(cells, sg) << 32
+            self.caps[k] = RackCap(rack_id, state.rack_switch[rack_id], units, score,
+                                   self.pref.get(rack_id, 0), cells)
+            self.units += units
+        else:
+            self.caps[k] = None
+
+    def refresh(self, state: ClusterState, counts: ModelCounts) -> None:
+        """Recount the racks changed since this offer last looked."""
+        changed = counts.changed
+        if self.seen == len(changed):
+            return
+        racks = set(changed[self.seen:])
+        self.seen = len(changed)
+        index = counts.rack_index
+        for rack_id in racks:
+            self._look(state, index[rack_id])
+        self._caps = None
+        self.chosen.clear()
+
+    def choose(self, need: int) -> tuple[ChoiceKey, Choice] | None:
+        if need not in self.chosen:
+            if self._caps is None:
+                self._caps = [c for c in self.caps if c is not None]
+            self.chosen[need] = choose_racks(self._caps, need)
+        return self.chosen[need]
+
+    def top(self) -> tuple[int, int]:
+        """(slots, rack id) of the rack with the most slots, first in
+        topology order; (0, -1) when none has any."""
+        best, rack = 0, -1
+        for k, slots in enumerate(self.slots):
+            if slots > best:
+                best, rack = slots, self.racks[k][0]
+        return best, rack
+
+
+def _offer(state: ClusterState, model: str, req: Request, pref_racks: dict[int, int], *,
+           keep: bool) -> _Offer:
+    """The model's offer for ``req``'s shape: the one kept for the cycle,
+    brought up to date, or a new one (kept when ``keep`` and no nodes are
+    preferred)."""
+    counts = state.model_counts.get(model)
+    if not keep or pref_racks or counts is None:
+        return _Offer(state, model, req, pref_racks)
+    key = (model, req.slot_gpus, req.rack_unit, req.pools, req.slots == 1)
+    offer = state.rack_caps.get(key)
+    if offer is None:
+        offer = state.rack_caps[key] = _Offer(state, model, req, pref_racks)
+    else:
+        offer.refresh(state, counts)
     return offer
 
 

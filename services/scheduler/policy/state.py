@@ -91,7 +91,7 @@ class ClusterState:
         self.model_counts: dict[str, ModelCounts] = {}
         """Per GPU model: its usable nodes counted by ``Cell.node_class``."""
         self.rack_caps: dict[tuple[object, ...], Any] = {}
-        """Placement's per-model answers, valid while the model's version holds."""
+        """Placement's per-model rack offers, kept for the cycle."""
         self.allocs: dict[str, Alloc] = {}
         self.holds: dict[str, Hold] = {}
         self.ws_used: dict[str, int] = {}

@@ -44,16 +44,18 @@ class ModelCounts:
     counted by ``Cell.node_class``; the free GPUs of the model in each rack,
     and the racks by that number (``by_free[v]``: the racks with exactly
     ``v`` free), so the fullest rack with some kind of node is found
-    without visiting the emptier ones; and a version that changes whenever
-    any of their counters does (so an answer computed over the model's racks
-    can be reused until then)."""
+    without visiting the emptier ones; and ``changed``, the rack of every
+    change to their counters, so an answer computed over the model's racks
+    is brought up to date by looking again at the racks changed since, not
+    at all of them."""
 
-    __slots__ = ("classes", "version", "rack_free", "by_free", "rack_cells")
+    __slots__ = ("classes", "changed", "rack_free", "by_free", "rack_cells", "rack_index")
 
     def __init__(self, max_gpus: int, racks: list[tuple[int, list[Cell]]]) -> None:
         self.classes = [0] * (2 * max_gpus + 2)
-        self.version = 0
+        self.changed: list[int] = []
         self.rack_cells = dict(racks)
+        self.rack_index = {r: k for k, (r, _) in enumerate(racks)}
         self.rack_free = {r: sum(c.free for c in cells) for r, cells in racks}
         most = max((sum(c.capacity_slots(1) for c in cells) for _, cells in racks), default=0)
         self.by_free: list[set[int]] = [set() for _ in range(most + 1)]
@@ -121,7 +123,7 @@ class Cell:
         counts = self.counts
         if counts is not None:
             counts.classes[self.node_class(free)] += 1
-            counts.version += 1
+            counts.changed.append(self.rack_id)
             if free:
                 counts.shift(self.rack_id, free)
 
@@ -141,7 +143,7 @@ class Cell:
         counts = self.counts
         if counts is not None:
             counts.classes[self.node_class(free)] -= 1
-            counts.version += 1
+            counts.changed.append(self.rack_id)
             if free:
                 counts.shift(self.rack_id, -free)
 
@@ -156,7 +158,7 @@ class Cell:
         if counts is not None:
             counts.classes[self.node_class(old)] -= 1
             counts.classes[self.node_class(new)] += 1
-            counts.version += 1
+            counts.changed.append(self.rack_id)
             counts.shift(self.rack_id, new - old)
 
     def slots(self, slot_gpus: int) -> int:
