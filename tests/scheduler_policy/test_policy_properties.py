@@ -83,6 +83,7 @@ def _assert_counters_match_nodes(st: ClusterState) -> None:
             assert counts.rack_free[rack_id] == sum(c.free for c in cells)
             assert rack_id in counts.by_free[counts.rack_free[rack_id]]
         assert sum(len(r) for r in counts.by_free) == len(racks)
+        assert all(bucket == sorted(bucket) for bucket in counts.by_free)
 
 
 def _random_ops(st: ClusterState, rng: random.Random, n: int) -> None:

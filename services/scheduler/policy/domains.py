@@ -58,10 +58,12 @@ def choose_racks(racks: Sequence[RackCap], need: int) -> tuple[ChoiceKey, Choice
         return None
     best: tuple[ChoiceKey, Choice] | None = None
     by_switch: dict[str, list[RackCap]] = {}
+    units: dict[str, int] = {}
     for r in racks:
         by_switch.setdefault(r.switch, []).append(r)
-    groups = list(by_switch.values()) if len(by_switch) > 1 else []
-    for group in [*groups, list(racks)]:
+        units[r.switch] = units.get(r.switch, 0) + r.units
+    groups = [g for s, g in by_switch.items() if units[s] >= need] if len(by_switch) > 1 else []
+    for group in [*groups, list(racks)]:  # a switch too small for the gang is not sorted
         picked = _fewest(group, need)
         if picked is None:
             continue

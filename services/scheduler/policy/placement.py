@@ -284,20 +284,20 @@ def _fullest_rack_with(state: ClusterState, model: str, node_class: int,
     visited fullest first and the first that has one ends the search."""
     f = node_class >> 1
     empty = node_class & 1
-    if pools is None:  # the racks by free GPUs, fullest first
+    if pools is None:  # the racks by free GPUs, fullest first, each in topology order
         counts = state.model_counts[model]
         rack_cells = counts.rack_cells
         for free in range(f, len(counts.by_free)):
-            node = -1
             for rack_id in counts.by_free[free]:
+                node = -1
                 for cell in rack_cells[rack_id]:
                     hist = cell.hist
                     if f < len(hist) and hist[f] and (f == len(hist) - 1) == empty:
                         first = cell.buckets[f][0]
                         if node < 0 or first < node:
                             node = first
-            if node >= 0:
-                return free, node
+                if node >= 0:  # a later rack's nodes come later in topology order
+                    return free, node
         return None
     best: tuple[int, int] | None = None
     for _, cells in state.model_racks[model]:

@@ -43,11 +43,11 @@ class ModelCounts:
     """What the cells of one GPU model keep together: their usable nodes
     counted by ``Cell.node_class``; the free GPUs of the model in each rack,
     and the racks by that number (``by_free[v]``: the racks with exactly
-    ``v`` free), so the fullest rack with some kind of node is found
-    without visiting the emptier ones; and ``changed``, the rack of every
-    change to their counters, so an answer computed over the model's racks
-    is brought up to date by looking again at the racks changed since, not
-    at all of them."""
+    ``v`` free, in topology order), so the fullest rack with some kind of
+    node is found without visiting the emptier ones; and ``changed``, the
+    rack of every change to their counters, so an answer computed over the
+    model's racks is brought up to date by looking again at the racks
+    changed since, not at all of them."""
 
     __slots__ = ("classes", "changed", "rack_free", "by_free", "rack_cells", "rack_index")
 
@@ -58,9 +58,9 @@ class ModelCounts:
         self.rack_index = {r: k for k, (r, _) in enumerate(racks)}
         self.rack_free = {r: sum(c.free for c in cells) for r, cells in racks}
         most = max((sum(c.capacity_slots(1) for c in cells) for _, cells in racks), default=0)
-        self.by_free: list[set[int]] = [set() for _ in range(most + 1)]
-        for r, free in self.rack_free.items():
-            self.by_free[free].add(r)
+        self.by_free: list[list[int]] = [[] for _ in range(most + 1)]
+        for r, free in self.rack_free.items():  # racks come in topology order
+            self.by_free[free].append(r)
         for _, cells in racks:
             for cell in cells:
                 for f, n in enumerate(cell.hist):
@@ -70,8 +70,9 @@ class ModelCounts:
         """The rack's free GPUs of the model changed by ``delta``."""
         old = self.rack_free[rack_id]
         self.rack_free[rack_id] = old + delta
-        self.by_free[old].discard(rack_id)
-        self.by_free[old + delta].add(rack_id)
+        bucket = self.by_free[old]
+        del bucket[_find(bucket, rack_id)]
+        insort(self.by_free[old + delta], rack_id)
 
 
 class Cell:
