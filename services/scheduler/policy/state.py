@@ -89,9 +89,10 @@ class ClusterState:
         self.model_free: dict[str, int] = {}
         self.model_max_gpus: dict[str, int] = {}
         self.model_counts: dict[str, ModelCounts] = {}
-        """Per GPU model: its usable nodes counted by ``Cell.node_class``."""
+        """Per GPU model: the counters its cells share (``ModelCounts``)."""
         self.rack_caps: dict[tuple[object, ...], Any] = {}
-        """Placement's per-model rack offers, kept for the cycle."""
+        """Placement's rack offers per model and request shape, kept for the
+        cycle (``placement._Offer``; typed loosely, placement imports this)."""
         self.allocs: dict[str, Alloc] = {}
         self.holds: dict[str, Hold] = {}
         self.ws_used: dict[str, int] = {}

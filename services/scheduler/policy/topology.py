@@ -83,9 +83,8 @@ class Cell:
     ``cap_hist[c]`` counts usable nodes by their total GPUs. All three are
     kept up to date on every allocation, so a placement question costs a
     pass over a few counters per rack instead of a pass over every node.
-    ``counts`` is shared by the cells of one GPU model (``ModelCounts``), so
-    a one-node question can first pick the kind of node it wants and then
-    visit only the racks that have one.
+    ``counts`` is what the cells of one GPU model keep together
+    (``ModelCounts``), updated by the same calls.
     """
 
     __slots__ = ("index", "switch", "rack", "rack_id", "model", "pool",
