@@ -22,7 +22,13 @@ from services.scheduler.policy import (
     find_placement,
     schedule,
 )
-from services.scheduler.policy.placement import Found, _find_one_node, _Offer, _offer
+from services.scheduler.policy.placement import (
+    Found,
+    _find_one_node,
+    _most_on_a_node,
+    _Offer,
+    _offer,
+)
 from services.scheduler.policy.preemption import eligible
 from services.scheduler.policy.request import Invalid, Request
 from services.scheduler.policy.state import RUNNING
@@ -204,12 +210,15 @@ def test_kept_rack_offers_match_a_fresh_count_after_any_changes() -> None:
         for _ in range(4):
             for req in shapes:
                 for model in req.models:
-                    kept = _offer(st, model, req, {}, keep=True)
+                    kept = _offer(st, model, req, {})
                     assert _offer_figures(kept) == _offer_figures(_Offer(st, model, req, {}))
                     fresh = _Offer(st, model, req, {})
                     for need in (1, 2, 5):
                         assert _choice(kept, need) == _choice(fresh, need)
                     compared += 1
+                    by_cells = max((f for _, cells in st.model_racks[model] for c in cells
+                                    for f, n in enumerate(c.hist) if n), default=0)
+                    assert _most_on_a_node(st, model, None) == by_cells
             with st.what_if() as plan:
                 _random_ops(st, rng, rng.randint(1, 12))
                 if rng.random() < 0.5:

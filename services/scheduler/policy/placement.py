@@ -97,12 +97,11 @@ def _find(state: ClusterState, req: Request, *, choose: bool = True) -> Found | 
         if choose and (pools is None and model_free < req.need
                        or _slots_at_most(state, model, sg) // ru < need):
             continue  # too few free GPUs, or too few free in whole slots
-        offer = _offer(state, model, req, pref_racks, keep=choose)
+        offer = _offer(state, model, req, pref_racks)
         offers.append(offer)
         fit_units = max(fit_units, offer.units)
         if not choose:
-            most = max(most, max((_most_free(c) for _, cells in offer.racks for c in cells
-                                  if pools is None or c.pool in pools), default=0))
+            most = max(most, _most_on_a_node(state, model, pools))
             continue
         if offer.units < need:
             continue
@@ -217,13 +216,12 @@ class _Offer:
         return best, rack
 
 
-def _offer(state: ClusterState, model: str, req: Request, pref_racks: dict[int, int], *,
-           keep: bool) -> _Offer:
+def _offer(state: ClusterState, model: str, req: Request,
+           pref_racks: dict[int, int]) -> _Offer:
     """The model's offer for ``req``'s shape: the one kept for the cycle,
-    brought up to date, or a new one (kept when ``keep`` and no nodes are
-    preferred)."""
+    brought up to date, or a new one (kept unless nodes are preferred)."""
     counts = state.model_counts.get(model)
-    if not keep or pref_racks or counts is None:
+    if pref_racks or counts is None:
         return _Offer(state, model, req, pref_racks)
     key = (model, req.slot_gpus, req.rack_unit, req.pools, req.slots == 1)
     offer = state.rack_caps.get(key)
@@ -304,7 +302,7 @@ def _fullest_rack_with(state: ClusterState, model: str, node_class: int,
         rack_free = 0
         node = -1
         for cell in cells:
-            if pools is not None and cell.pool not in pools:
+            if cell.pool not in pools:
                 continue
             rack_free += cell.free
             hist = cell.hist
@@ -360,6 +358,15 @@ def _slots_at_most(state: ClusterState, model: str, slot_gpus: int) -> int:
     counts = state.model_counts.get(model)
     return 0 if counts is None else sum(n * ((c >> 1) // slot_gpus)
                                         for c, n in enumerate(counts.classes) if n)
+
+
+def _most_on_a_node(state: ClusterState, model: str, pools: frozenset[str] | None) -> int:
+    """Most free GPUs on any usable node of ``model`` (in ``pools``)."""
+    if pools is None:
+        classes = state.model_counts[model].classes
+        return next((c >> 1 for c in range(len(classes) - 1, 1, -1) if classes[c]), 0)
+    return max((_most_free(c) for _, cells in state.model_racks[model] for c in cells
+                if c.pool in pools), default=0)
 
 
 def _most_free(cell: Cell) -> int:
