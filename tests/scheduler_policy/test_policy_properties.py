@@ -210,9 +210,8 @@ def test_kept_rack_offers_match_a_fresh_count_after_any_changes() -> None:
         for _ in range(4):
             for req in shapes:
                 for model in req.models:
-                    kept = _offer(st, model, req, {})
-                    assert _offer_figures(kept) == _offer_figures(_Offer(st, model, req, {}))
-                    fresh = _Offer(st, model, req, {})
+                    kept, fresh = _offer(st, model, req, {}), _Offer(st, model, req, {})
+                    assert _offer_figures(kept) == _offer_figures(fresh)
                     for need in (1, 2, 5):
                         assert _choice(kept, need) == _choice(fresh, need)
                     compared += 1
