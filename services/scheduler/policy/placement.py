@@ -287,32 +287,32 @@ def _fullest_rack_with(state: ClusterState, model: str, node_class: int,
         rack_cells = counts.rack_cells
         for free in range(f, len(counts.by_free)):
             for rack_id in counts.by_free[free]:
-                node = -1
-                for cell in rack_cells[rack_id]:
-                    hist = cell.hist
-                    if f < len(hist) and hist[f] and (f == len(hist) - 1) == empty:
-                        first = cell.buckets[f][0]
-                        if node < 0 or first < node:
-                            node = first
+                node = _lowest_of_class(rack_cells[rack_id], f, empty)
                 if node >= 0:  # a later rack's nodes come later in topology order
                     return free, node
         return None
     best: tuple[int, int] | None = None
     for _, cells in state.model_racks[model]:
-        rack_free = 0
-        node = -1
-        for cell in cells:
-            if cell.pool not in pools:
-                continue
-            rack_free += cell.free
-            hist = cell.hist
-            if f < len(hist) and hist[f] and (f == len(hist) - 1) == empty:
-                first = cell.buckets[f][0]
-                if node < 0 or first < node:
-                    node = first
-        if node >= 0 and (best is None or (rack_free, node) < best):
-            best = (rack_free, node)
+        cells = [c for c in cells if c.pool in pools]
+        node = _lowest_of_class(cells, f, empty)
+        if node >= 0:
+            key = (sum(c.free for c in cells), node)
+            if best is None or key < best:
+                best = key
     return best
+
+
+def _lowest_of_class(cells: list[Cell], f: int, empty: int) -> int:
+    """The lowest node of ``cells`` with ``f`` free GPUs that is (``empty``)
+    or is not wholly free; -1 if none."""
+    node = -1
+    for cell in cells:
+        hist = cell.hist
+        if f < len(hist) and hist[f] and (f == len(hist) - 1) == empty:
+            first = cell.buckets[f][0]
+            if node < 0 or first < node:
+                node = first
+    return node
 
 
 def place_on(state: ClusterState, req: Request, nodes: Iterable[int]) -> Found | None:
