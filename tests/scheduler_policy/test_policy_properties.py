@@ -22,6 +22,7 @@ from services.scheduler.policy import (
     find_placement,
     schedule,
 )
+from services.scheduler.policy.domains import RackCap, choose_racks
 from services.scheduler.policy.placement import (
     Found,
     _find_one_node,
@@ -223,6 +224,59 @@ def test_kept_rack_offers_match_a_fresh_count_after_any_changes() -> None:
                 if rng.random() < 0.5:
                     plan.commit()
     assert compared > 1000
+
+
+def _choose_by_sorting_every_group(racks: list[RackCap], need: int) -> Any:
+    """The rack choice written plainly: the best single rack, else the
+    greedy largest-first pick in every switch and in the whole list, each
+    sorted in full, and the best of them by (racks, switches, preferred
+    nodes, score)."""
+    singles = [r for r in racks if r.units >= need]
+    if singles:
+        r = min(singles, key=lambda r: (-r.pref, r.score, r.rack_id))
+        return (1, 1, -r.pref, r.score), [(r.rack_id, need)]
+    switches = list(dict.fromkeys(r.switch for r in racks))
+    groups = [[r for r in racks if r.switch == s] for s in switches] if len(switches) > 1 else []
+    best = None
+    for group in [*groups, racks]:
+        ordered = sorted(group, key=lambda r: (-r.units, -r.pref, r.score, r.rack_id))
+        acc, head = 0, []
+        for r in ordered:
+            if acc + r.units >= need:
+                break
+            acc += r.units
+            head.append(r)
+        else:
+            continue
+        rest = [r for r in ordered[len(head):] if r.units >= need - acc]
+        last = min(rest, key=lambda r: (-r.pref, r.score, r.rack_id))
+        picked = [(r, r.units) for r in head] + [(last, need - acc)]
+        key = (len(picked), len({r.switch for r, _ in picked}),
+               -sum(r.pref for r, _ in picked), sum(r.score for r, _ in picked))
+        if best is None or key < best[0]:
+            best = (key, [(r.rack_id, n) for r, n in picked])
+    return best
+
+
+def test_rack_choice_is_the_one_sorting_every_switch_gives() -> None:
+    """``choose_racks`` searches only the switches that can match the
+    fewest racks of the whole list; it must pick what sorting every switch
+    and the whole list picks, ties included."""
+    compared = 0
+    for seed in range(1500):
+        rng = random.Random(seed)
+        switches = rng.randint(1, 5)
+        ids = rng.sample(range(200), rng.randint(1, 30))
+        racks = [RackCap(i, f"s{rng.randrange(switches)}",
+                         rng.randint(1, rng.choice((1, 2, 4, 8))), rng.randint(-20, 40),
+                         rng.choice((0, 0, 0, 1, 2)), []) for i in ids]
+        for need in range(1, sum(r.units for r in racks) + 2):
+            got = choose_racks(racks, need)
+            want = _choose_by_sorting_every_group(racks, need)
+            assert (None if got is None else (got[0], [(r.rack_id, n) for r, n in got[1]])) \
+                == want, (seed, need)
+            compared += got is not None and got[0][0] > 1
+    assert compared > 10_000
 
 
 @pytest.mark.parametrize("seed", range(200))

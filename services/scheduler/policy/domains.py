@@ -11,6 +11,7 @@ one inside a rack however tight the packing.
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Sequence
 
 from .topology import Cell
@@ -56,38 +57,49 @@ def choose_racks(racks: Sequence[RackCap], need: int) -> tuple[ChoiceKey, Choice
         return (1, 1, -single.pref, single.score), [(single, need)]
     if total < need:
         return None
-    best: tuple[ChoiceKey, Choice] | None = None
+    # Greedy largest-first finds the fewest racks of any set, so no switch
+    # can do with fewer than the whole list, and one that matches it wins
+    # the switch count: only those switches are searched, and the whole
+    # list only when none matches (its answer then spans switches).
+    fewest = _fewest_count([r.units for r in racks], need)
     by_switch: dict[str, list[RackCap]] = {}
-    units: dict[str, int] = {}
     for r in racks:
         by_switch.setdefault(r.switch, []).append(r)
-        units[r.switch] = units.get(r.switch, 0) + r.units
-    groups = [g for s, g in by_switch.items() if units[s] >= need] if len(by_switch) > 1 else []
-    for group in [*groups, list(racks)]:  # a switch too small for the gang is not sorted
-        picked = _fewest(group, need)
-        if picked is None:
-            continue
-        key: ChoiceKey = (len(picked), len({r.switch for r, _ in picked}),
-                          -sum(r.pref for r, _ in picked), sum(r.score for r, _ in picked))
-        if best is None or key < best[0]:
-            best = (key, picked)
+    best: tuple[ChoiceKey, Choice] | None = None
+    if len(by_switch) > 1:
+        for group in by_switch.values():
+            if _fewest_count([r.units for r in group], need) == fewest:
+                best = _better(best, _fewest(group, need, fewest))
+    if best is None:
+        best = _better(None, _fewest(racks, need, fewest))
     return best
 
 
-def _fewest(group: Sequence[RackCap], need: int) -> Choice | None:
-    """Largest racks first until the rest fits in one more rack; that last
-    rack is the tightest one that holds the remainder."""
-    ordered = sorted(group, key=lambda r: (-r.units, -r.pref, r.score, r.rack_id))
+def _fewest_count(units: list[int], need: int) -> int:
+    """How many racks, largest first, hold ``need`` units (0: they cannot)."""
+    units.sort(reverse=True)
     acc = 0
-    k = 0
-    for k, r in enumerate(ordered):  # noqa: B007 - k is used after the loop
-        if acc + r.units >= need:
-            break
-        acc += r.units
-    else:
-        return None
-    remainder = need - acc
-    head = ordered[:k]
-    last = min((r for r in ordered[k:] if r.units >= remainder),
+    for k, u in enumerate(units, 1):
+        acc += u
+        if acc >= need:
+            return k
+    return 0
+
+
+def _fewest(group: Sequence[RackCap], need: int, count: int) -> Choice:
+    """``count`` racks: the largest first until the rest fits in one more
+    rack (``count`` is how many that takes); that last rack is the
+    tightest one that holds the remainder."""
+    head = heapq.nsmallest(count - 1, group, key=lambda r: (-r.units, -r.pref, r.score, r.rack_id))
+    remainder = need - sum(r.units for r in head)
+    taken = {r.rack_id for r in head}
+    last = min((r for r in group if r.units >= remainder and r.rack_id not in taken),
                key=lambda r: (-r.pref, r.score, r.rack_id))
     return [(r, r.units) for r in head] + [(last, remainder)]
+
+
+def _better(best: tuple[ChoiceKey, Choice] | None,
+            picked: Choice) -> tuple[ChoiceKey, Choice]:
+    key: ChoiceKey = (len(picked), len({r.switch for r, _ in picked}),
+                      -sum(r.pref for r, _ in picked), sum(r.score for r, _ in picked))
+    return (key, picked) if best is None or key < best[0] else best
