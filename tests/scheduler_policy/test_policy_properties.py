@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from collections import Counter
 from dataclasses import replace
 from typing import Any
 
@@ -22,7 +23,7 @@ from services.scheduler.policy import (
     find_placement,
     schedule,
 )
-from services.scheduler.policy.domains import RackCap, choose_racks
+from services.scheduler.policy.domains import RackCap, choose_from_switches, choose_racks
 from services.scheduler.policy.placement import (
     Found,
     _find_one_node,
@@ -198,6 +199,7 @@ def test_kept_rack_offers_match_a_fresh_count_after_any_changes() -> None:
     recounts only the racks changed since; after placements, holds, masks
     and undone plans it must say what a fresh pass over every rack says."""
     compared = 0
+    spans: Counter[int] = Counter()
     for seed in range(80):
         rng = random.Random(seed)
         snap = random_snapshot(seed, NOW)
@@ -213,8 +215,13 @@ def test_kept_rack_offers_match_a_fresh_count_after_any_changes() -> None:
                 for model in req.models:
                     kept, fresh = _offer(st, model, req, {}), _Offer(st, model, req, {})
                     assert _offer_figures(kept) == _offer_figures(fresh)
-                    for need in (1, 2, 5):
-                        assert _choice(kept, need) == _choice(fresh, need)
+                    every_rack = [c for c in fresh.caps if c is not None]
+                    for need in (1, 2, 3, 5, 8):
+                        want = choose_racks(every_rack, need)
+                        assert _choice(kept, need) == _choice(fresh, need) == (
+                            None if want is None else
+                            (want[0], [(c.rack_id, n) for c, n in want[1]]))
+                        spans[len({c.switch for c, _ in want[1]}) if want else 0] += 1
                     compared += 1
                     by_cells = max((f for _, cells in st.model_racks[model] for c in cells
                                     for f, n in enumerate(c.hist) if n), default=0)
@@ -224,6 +231,7 @@ def test_kept_rack_offers_match_a_fresh_count_after_any_changes() -> None:
                 if rng.random() < 0.5:
                     plan.commit()
     assert compared > 1000
+    assert min(spans[0], spans[1], spans[2]) > 100, spans  # none, one switch, two
 
 
 def _choose_by_sorting_every_group(racks: list[RackCap], need: int) -> Any:
@@ -260,8 +268,9 @@ def _choose_by_sorting_every_group(racks: list[RackCap], need: int) -> Any:
 
 def test_rack_choice_is_the_one_sorting_every_switch_gives() -> None:
     """``choose_racks`` searches only the switches that can match the
-    fewest racks of the whole list; it must pick what sorting every switch
-    and the whole list picks, ties included."""
+    fewest racks of the whole list, and ``choose_from_switches`` combines
+    each switch's own answer; both must pick what sorting every switch and
+    the whole list picks, ties included."""
     compared = 0
     for seed in range(1500):
         rng = random.Random(seed)
@@ -270,12 +279,17 @@ def test_rack_choice_is_the_one_sorting_every_switch_gives() -> None:
         racks = [RackCap(i, f"s{rng.randrange(switches)}",
                          rng.randint(1, rng.choice((1, 2, 4, 8))), rng.randint(-20, 40),
                          rng.choice((0, 0, 0, 1, 2)), []) for i in ids]
+        switches = list(dict.fromkeys(r.switch for r in racks))
+        unit_counts = Counter(r.units for r in racks)
         for need in range(1, sum(r.units for r in racks) + 2):
-            got = choose_racks(racks, need)
             want = _choose_by_sorting_every_group(racks, need)
-            assert (None if got is None else (got[0], [(r.rack_id, n) for r, n in got[1]])) \
-                == want, (seed, need)
-            compared += got is not None and got[0][0] > 1
+            per_switch = [choose_racks([r for r in racks if r.switch == s], need)
+                          for s in switches]
+            for got in (choose_racks(racks, need),
+                        choose_from_switches(per_switch, need, unit_counts, lambda r=racks: r)):
+                assert (None if got is None else
+                        (got[0], [(r.rack_id, n) for r, n in got[1]])) == want, (seed, need)
+            compared += want is not None and want[0][0] > 1
     assert compared > 10_000
 
 

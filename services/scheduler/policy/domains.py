@@ -12,7 +12,7 @@ one inside a rack however tight the packing.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from .topology import Cell
 
@@ -36,9 +36,10 @@ class RackCap:
 Choice = list[tuple[RackCap, int]]
 """Racks chosen, with how many units each takes."""
 ChoiceKey = tuple[int, int, int, int]
+Chosen = tuple[ChoiceKey, Choice] | None
 
 
-def choose_racks(racks: Sequence[RackCap], need: int) -> tuple[ChoiceKey, Choice] | None:
+def choose_racks(racks: Sequence[RackCap], need: int) -> Chosen:
     """The best set of racks holding ``need`` units, and its ranking key
     (racks, switches, -preferred nodes, score) so callers can compare
     choices across GPU models. None if the racks together are too small."""
@@ -65,7 +66,7 @@ def choose_racks(racks: Sequence[RackCap], need: int) -> tuple[ChoiceKey, Choice
     by_switch: dict[str, list[RackCap]] = {}
     for r in racks:
         by_switch.setdefault(r.switch, []).append(r)
-    best: tuple[ChoiceKey, Choice] | None = None
+    best: Chosen = None
     if len(by_switch) > 1:
         for group in by_switch.values():
             if _fewest_count([r.units for r in group], need) == fewest:
@@ -73,6 +74,32 @@ def choose_racks(racks: Sequence[RackCap], need: int) -> tuple[ChoiceKey, Choice
     if best is None:
         best = _better(None, _fewest(racks, need, fewest))
     return best
+
+
+def choose_from_switches(per_switch: Sequence[Chosen], need: int, unit_counts: Mapping[int, int],
+                         racks: Callable[[], Sequence[RackCap]]) -> Chosen:
+    """``choose_racks`` over all racks, from each switch's own answer
+    (switches in topology order; ``unit_counts``: how many racks offer each
+    number of units; ``racks``: all of them, asked for only when the gang
+    must span switches). A caller that keeps the switches' answers across
+    changes then pays per switch, not per rack."""
+    single: Chosen = None
+    for chosen in per_switch:  # the best single rack is the best of each switch's
+        if chosen is not None and chosen[0][0] == 1 and (
+                single is None or (chosen[0], chosen[1][0][0].rack_id)
+                < (single[0], single[1][0][0].rack_id)):
+            single = chosen
+    if single is not None:
+        return single
+    units = [u for u, n in unit_counts.items() for _ in range(min(n, need))]
+    fewest = _fewest_count(units, need)
+    if not fewest:
+        return None
+    best: Chosen = None
+    for chosen in per_switch:  # no single rack anywhere: each answer is its fewest
+        if chosen is not None and chosen[0][0] == fewest and (best is None or chosen[0] < best[0]):
+            best = chosen
+    return best if best is not None else _better(None, _fewest(racks(), need, fewest))
 
 
 def _fewest_count(units: list[int], need: int) -> int:

@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from .domains import Choice, ChoiceKey, RackCap, choose_racks
+from .domains import Chosen, RackCap, choose_from_switches, choose_racks
 from .fragmentation import FragTable
 from .request import Request
 from .state import ClusterState
@@ -138,10 +138,16 @@ class _Offer:
     hold, an undo), ``refresh`` looks again only at the racks named in the
     model's change log since: a gang's search then costs the racks that
     changed plus the rack choice, not a pass over every rack of every model
-    (milliseconds a decision with thousands of racks)."""
+    (milliseconds a decision with thousands of racks).
+
+    The rack choice is kept per switch too: a change recounts its rack and
+    forgets only that switch's choices, and ``choose`` combines the
+    switches' own answers (``domains.choose_from_switches``), so a gang's
+    search after a placement costs the switches, not a sort of every rack."""
 
     __slots__ = ("racks", "sg", "ru", "pools", "single", "pref", "slots", "caps",
-                 "units", "seen", "_caps", "chosen")
+                 "units", "unit_counts", "switch_of", "switches", "switch_chosen",
+                 "seen", "_caps", "chosen")
 
     def __init__(self, state: ClusterState, model: str, req: Request,
                  pref_racks: dict[int, int]) -> None:
@@ -152,10 +158,23 @@ class _Offer:
         self.slots = [0] * len(self.racks)
         self.caps: list[RackCap | None] = [None] * len(self.racks)
         self.units = 0
+        self.unit_counts: dict[int, int] = {}
+        """How many racks offer each number of units (for the fewest racks)."""
+        self.switch_of: list[int] = []
+        self.switches: list[tuple[int, int]] = []
+        """Per switch, in topology order: its racks' positions, start and end
+        (nodes are sorted by switch first, so a switch's racks are adjacent)."""
+        for k, (rack_id, _) in enumerate(self.racks):
+            if k == 0 or state.rack_switch[rack_id] != state.rack_switch[self.racks[k - 1][0]]:
+                self.switches.append((k, k + 1))
+            else:
+                self.switches[-1] = (self.switches[-1][0], k + 1)
+            self.switch_of.append(len(self.switches) - 1)
+        self.switch_chosen: list[dict[int, Chosen]] = [{} for _ in self.switches]
         counts = state.model_counts.get(model)
         self.seen = len(counts.changed) if counts is not None else 0
         self._caps: list[RackCap] | None = None
-        self.chosen: dict[int, tuple[ChoiceKey, Choice] | None] = {}
+        self.chosen: dict[int, Chosen] = {}
         for k in range(len(self.racks)):
             self._look(state, k)
 
@@ -175,6 +194,7 @@ class _Offer:
         old = self.caps[k]
         if old is not None:
             self.units -= old.units
+            self.unit_counts[old.units] -= 1
         self.slots[k] = slots
         units = slots // self.ru
         if units:
@@ -183,6 +203,7 @@ class _Offer:
             self.caps[k] = RackCap(rack_id, state.rack_switch[rack_id], units, score,
                                    self.pref.get(rack_id, 0), cells)
             self.units += units
+            self.unit_counts[units] = self.unit_counts.get(units, 0) + 1
         else:
             self.caps[k] = None
 
@@ -195,16 +216,32 @@ class _Offer:
         self.seen = len(changed)
         index = counts.rack_index
         for rack_id in racks:
-            self._look(state, index[rack_id])
+            k = index[rack_id]
+            self._look(state, k)
+            self.switch_chosen[self.switch_of[k]].clear()
         self._caps = None
         self.chosen.clear()
 
-    def choose(self, need: int) -> tuple[ChoiceKey, Choice] | None:
+    def choose(self, need: int) -> Chosen:
         if need not in self.chosen:
-            if self._caps is None:
-                self._caps = [c for c in self.caps if c is not None]
-            self.chosen[need] = choose_racks(self._caps, need)
+            self.chosen[need] = (None if self.units < need else
+                                 choose_from_switches(self._switch_choices(need), need,
+                                                      self.unit_counts, self._all_caps))
         return self.chosen[need]
+
+    def _switch_choices(self, need: int) -> list[Chosen]:
+        out = []
+        for s, (lo, hi) in enumerate(self.switches):
+            memo = self.switch_chosen[s]
+            if need not in memo:
+                memo[need] = choose_racks([c for c in self.caps[lo:hi] if c is not None], need)
+            out.append(memo[need])
+        return out
+
+    def _all_caps(self) -> list[RackCap]:
+        if self._caps is None:
+            self._caps = [c for c in self.caps if c is not None]
+        return self._caps
 
     def top(self) -> tuple[int, int]:
         """(slots, rack id) of the rack with the most slots, first in
