@@ -28,10 +28,9 @@ from services.scheduler.policy.placement import (
     Found,
     _find_one_node,
     _most_on_a_node,
-    _Offer,
-    _offer,
 )
 from services.scheduler.policy.preemption import eligible
+from services.scheduler.policy.rack_offers import RackOffer, rack_offer
 from services.scheduler.policy.request import Invalid, Request
 from services.scheduler.policy.state import RUNNING
 
@@ -184,12 +183,12 @@ def test_one_node_search_picks_the_node_a_pass_over_every_node_picks() -> None:
     assert min(outcomes.values()) > 100, outcomes
 
 
-def _offer_figures(offer: _Offer) -> tuple[Any, ...]:
+def _offer_figures(offer: RackOffer) -> tuple[Any, ...]:
     caps = [None if c is None else (c.rack_id, c.units, c.score, c.pref) for c in offer.caps]
     return offer.units, tuple(offer.slots), tuple(caps), offer.top()
 
 
-def _choice(offer: _Offer, need: int) -> tuple[Any, ...] | None:
+def _choice(offer: RackOffer, need: int) -> tuple[Any, ...] | None:
     chosen = offer.choose(need)
     return None if chosen is None else (chosen[0], [(c.rack_id, n) for c, n in chosen[1]])
 
@@ -213,7 +212,7 @@ def test_kept_rack_offers_match_a_fresh_count_after_any_changes() -> None:
         for _ in range(4):
             for req in shapes:
                 for model in req.models:
-                    kept, fresh = _offer(st, model, req, {}), _Offer(st, model, req, {})
+                    kept, fresh = rack_offer(st, model, req, {}), RackOffer(st, model, req, {})
                     assert _offer_figures(kept) == _offer_figures(fresh)
                     every_rack = [c for c in fresh.caps if c is not None]
                     for need in (1, 2, 3, 5, 8):

@@ -92,7 +92,8 @@ class ClusterState:
         """Per GPU model: the counters its cells share (``ModelCounts``)."""
         self.rack_caps: dict[tuple[object, ...], Any] = {}
         """Placement's rack offers per model and request shape, kept for the
-        cycle (``placement._Offer``; typed loosely, placement imports this)."""
+        cycle (``rack_offers.RackOffer``; typed loosely, that module reads
+        this one)."""
         self.allocs: dict[str, Alloc] = {}
         self.holds: dict[str, Hold] = {}
         self.ws_used: dict[str, int] = {}
