@@ -44,6 +44,7 @@ from .preemption import eligible, select_victims
 from .request import Invalid, Request, build_request, slot_layout
 from .reservation import reservation_name, reserve
 from .state import (
+    INF,
     NOMINATED,
     PLACED,
     RESERVATION,
@@ -55,7 +56,6 @@ from .state import (
 )
 
 T = TypeVar("T")
-INF = float("inf")
 
 
 @dataclass(slots=True)

@@ -28,10 +28,8 @@ from collections.abc import Callable
 
 from .domains import ChoiceKey, RackCap, choose_racks
 from .request import Request
-from .state import NOMINATED, PLACED, RESERVATION, Alloc, ClusterState
+from .state import INF, NOMINATED, PLACED, RESERVATION, Alloc, ClusterState
 from .topology import Cell
-
-INF = float("inf")
 
 
 def reservation_name(job_id: str) -> str:
