@@ -16,15 +16,14 @@ constructed from the already-composed nodes.
 
 from __future__ import annotations
 
-import gc
 import re
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
+
+from libs.gc_pause import paused_gc
 
 # A 10,000-node hosts file is about 1.3 MB; nothing a person writes is near this.
 MAX_BYTES = 8 * 1024 * 1024
@@ -207,23 +206,12 @@ def _syntax(exc: yaml.YAMLError) -> YamlFileError:
     return YamlFileError([f"{where}not valid YAML ({problem}); check indentation and quotes"])
 
 
-@contextmanager
-def paused_gc() -> Iterator[None]:
-    """No cyclic garbage collection while a document's nodes are built: they
-    are many young objects, not garbage, and the collector's repeated passes
-    over them were two thirds of reading a 10,000-node file. Nothing built
-    here is cyclic (self-referring aliases are refused), so nothing waits."""
-    was = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was:
-            gc.enable()
-
-
 def parse(text: str) -> YamlDoc:
     """Compose once, check the graph, then construct; raises YamlFileError."""
+    # The nodes of a document are many young objects, not garbage: the
+    # collector's repeated passes over them were two thirds of reading a
+    # 10,000-node file. Nothing built here is cyclic (self-referring aliases
+    # are refused), so nothing waits for the collector afterwards.
     with paused_gc():
         return _parse(text)
 

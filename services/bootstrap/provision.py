@@ -19,6 +19,7 @@ import yaml
 from pydantic import ValidationError
 
 from libs import yaml_files
+from libs.gc_pause import paused_gc
 from libs.inventory import HostsFile, HostSpec
 from libs.kubespray import KubesprayRelease
 from services.bootstrap.ansible_env import AnsibleEnv
@@ -106,7 +107,7 @@ def record_applied(hosts: HostsFile, root: Path) -> None:
     ws = Workspace(root, hosts.cluster)
     ws.inventory.mkdir(parents=True, exist_ok=True)
     dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)  # libyaml's emitter when present
-    with yaml_files.paused_gc():
+    with paused_gc():
         text = yaml.dump(hosts.model_dump(mode="json"), Dumper=dumper, sort_keys=False)
     ws.applied.write_text(text)
 

@@ -13,9 +13,9 @@ from typing import Any
 
 import yaml
 
+from libs.gc_pause import paused_gc
 from libs.inventory import HostsFile, HostSpec, looks_like_a_key
 from libs.kubespray import KubesprayRelease, inventory_problems, newest
-from libs.yaml_files import paused_gc
 
 # Kubespray's group names for our roles.
 _GROUPS = {"control-plane": "kube_control_plane", "etcd": "etcd", "worker": "kube_node"}
@@ -103,7 +103,7 @@ def _yaml(doc: Any, *, sort_keys: bool = True) -> str:
 def render(hosts: HostsFile, release: KubesprayRelease | None = None) -> dict[str, str]:
     """Every file ``apply`` writes for Kubespray ``release`` (default: the
     newest supported), as relative path → text (stable order)."""
-    with paused_gc():  # many short-lived nodes, no garbage: see libs/yaml_files.py
+    with paused_gc():  # many short-lived nodes, no garbage: see libs/gc_pause.py
         return _render(hosts, release)
 
 
