@@ -21,6 +21,7 @@ from services.scheduler.policy import (
     Workspace,
     build_request,
     find_placement,
+    placement,
     schedule,
 )
 from services.scheduler.policy.domains import RackCap, choose_from_switches, choose_racks
@@ -81,10 +82,13 @@ def _assert_counters_match_nodes(st: ClusterState) -> None:
         assert sorted(i for b in cell.buckets for i in b) == members
     for model, counts in st.model_counts.items():
         counted = [0] * len(counts.classes)
+        per_rack: list[Counter[int]] = [Counter() for _ in counts.classes]
         for i, cell in enumerate(st.cell_of):
             if cell is not None and cell.model == model and not st.masked[i]:
                 counted[cell.node_class(st.eff_free(i))] += 1
+                per_rack[cell.node_class(st.eff_free(i))][cell.rack_id] += 1
         assert counts.classes == counted, model
+        assert counts.class_racks == [dict(c) for c in per_rack], model
         racks = st.model_racks[model]
         for rack_id, cells in racks:
             assert counts.rack_free[rack_id] == sum(c.free for c in cells)
@@ -158,7 +162,13 @@ def _one_node_over_every_node(st: ClusterState, req: Request) -> int | None:
     return None if best is None else best[4]
 
 
-def test_one_node_search_picks_the_node_a_pass_over_every_node_picks() -> None:
+@pytest.mark.parametrize("scan", [1 << 20, 1, 0], ids=["visit", "bounded", "compare"])
+def test_one_node_search_picks_the_node_a_pass_over_every_node_picks(
+        scan: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Visiting racks fullest first, comparing the racks that have the
+    wanted class, or switching from one to the other
+    (``placement.SCAN_PER_RACK_OF_CLASS``) must give the reference's node."""
+    monkeypatch.setattr(placement, "SCAN_PER_RACK_OF_CLASS", scan)
     outcomes = {"found": 0, "none": 0}
     for seed in range(150):
         rng = random.Random(seed)

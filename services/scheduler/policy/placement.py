@@ -170,22 +170,41 @@ def _find_one_node(state: ClusterState, req: Request, table: FragTable) -> Found
     return Shortfall(state.free_gpus(req.models, pools), 0, 0, -1)
 
 
+SCAN_PER_RACK_OF_CLASS = 1
+"""How many racks a one-node search visits, fullest first, per rack that
+has a node of the wanted class, before it compares those racks instead.
+Both ways give the same answer; visiting costs the fuller racks without
+such a node, comparing costs every rack with one. Bounding the first by
+the second keeps a search in thousands of racks to the cheaper of the
+two (a rare class, such as the last partly used node of its kind, is in a
+few racks among thousands of fuller ones)."""
+
+
 def _fullest_rack_with(state: ClusterState, model: str, node_class: int,
                        pools: frozenset[str] | None) -> tuple[int, int] | None:
     """(free GPUs of ``model`` in the rack, node) of the lowest node of
     ``node_class`` in the rack with the fewest free GPUs of the model; None
     if no usable cell has such a node. Without a pool filter the racks are
-    visited fullest first and the first that has one ends the search."""
+    visited fullest first and the first that has one ends the search (see
+    ``SCAN_PER_RACK_OF_CLASS``)."""
     f = node_class >> 1
     empty = node_class & 1
-    if pools is None:  # the racks by free GPUs, fullest first, each in topology order
+    if pools is None:
         counts = state.model_counts[model]
-        rack_cells = counts.rack_cells
+        rack_cells, rack_free = counts.rack_cells, counts.rack_free
+        having = counts.class_racks[node_class]
+        if not having:
+            return None
+        budget = SCAN_PER_RACK_OF_CLASS * len(having)
+        # The racks by free GPUs, fullest first, each in topology order.
         for free in range(f, len(counts.by_free)):
             for rack_id in counts.by_free[free]:
-                node = _lowest_of_class(rack_cells[rack_id], f, empty)
-                if node >= 0:  # a later rack's nodes come later in topology order
-                    return free, node
+                if rack_id in having:  # a later rack's nodes come later in topology order
+                    return free, _lowest_of_class(rack_cells[rack_id], f, empty)
+                budget -= 1
+                if budget < 0:  # cheaper now to compare the racks that have one
+                    rack_id = min(having, key=lambda r: (rack_free[r], r))  # ids: topology order
+                    return rack_free[rack_id], _lowest_of_class(rack_cells[rack_id], f, empty)
         return None
     best: tuple[int, int] | None = None
     for _, cells in state.model_racks[model]:

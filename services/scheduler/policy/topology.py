@@ -49,10 +49,13 @@ class ModelCounts:
     model's racks is brought up to date by looking again at the racks
     changed since, not at all of them."""
 
-    __slots__ = ("classes", "changed", "rack_free", "by_free", "rack_cells", "rack_index")
+    __slots__ = ("classes", "class_racks", "changed", "rack_free", "by_free", "rack_cells",
+                 "rack_index")
 
     def __init__(self, max_gpus: int, racks: list[tuple[int, list[Cell]]]) -> None:
         self.classes = [0] * (2 * max_gpus + 2)
+        self.class_racks: list[dict[int, int]] = [{} for _ in self.classes]
+        """Per node class, the racks that have such nodes: rack id -> how many."""
         self.changed: list[int] = []
         self.rack_cells = dict(racks)
         self.rack_index = {r: k for k, (r, _) in enumerate(racks)}
@@ -61,10 +64,21 @@ class ModelCounts:
         self.by_free: list[list[int]] = [[] for _ in range(most + 1)]
         for r, free in self.rack_free.items():  # racks come in topology order
             self.by_free[free].append(r)
-        for _, cells in racks:
+        for r, cells in racks:
             for cell in cells:
                 for f, n in enumerate(cell.hist):
-                    self.classes[cell.node_class(f)] += n
+                    if n:
+                        self.tally(r, cell.node_class(f), n)
+
+    def tally(self, rack_id: int, node_class: int, delta: int) -> None:
+        """``delta`` more nodes of ``node_class`` in the rack."""
+        self.classes[node_class] += delta
+        racks = self.class_racks[node_class]
+        n = racks.get(rack_id, 0) + delta
+        if n:
+            racks[rack_id] = n
+        else:
+            del racks[rack_id]
 
     def shift(self, rack_id: int, delta: int) -> None:
         """The rack's free GPUs of the model changed by ``delta``."""
@@ -122,7 +136,7 @@ class Cell:
         self.free += free
         counts = self.counts
         if counts is not None:
-            counts.classes[self.node_class(free)] += 1
+            counts.tally(self.rack_id, self.node_class(free), 1)
             counts.changed.append(self.rack_id)
             if free:
                 counts.shift(self.rack_id, free)
@@ -142,7 +156,7 @@ class Cell:
         self.free -= free
         counts = self.counts
         if counts is not None:
-            counts.classes[self.node_class(free)] -= 1
+            counts.tally(self.rack_id, self.node_class(free), -1)
             counts.changed.append(self.rack_id)
             if free:
                 counts.shift(self.rack_id, -free)
@@ -156,8 +170,8 @@ class Cell:
         self.free += new - old
         counts = self.counts
         if counts is not None:
-            counts.classes[self.node_class(old)] -= 1
-            counts.classes[self.node_class(new)] += 1
+            counts.tally(self.rack_id, self.node_class(old), -1)
+            counts.tally(self.rack_id, self.node_class(new), 1)
             counts.changed.append(self.rack_id)
             counts.shift(self.rack_id, new - old)
 
