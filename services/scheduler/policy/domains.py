@@ -103,7 +103,8 @@ def choose_from_switches(per_switch: Sequence[Chosen], need: int, unit_counts: M
 
 
 def _fewest_count(units: list[int], need: int) -> int:
-    """How many racks, largest first, hold ``need`` units (0: they cannot)."""
+    """How many racks, largest first, hold ``need`` units (0: they cannot).
+    Sorts ``units``, a list the caller made for this."""
     units.sort(reverse=True)
     acc = 0
     for k, u in enumerate(units, 1):
@@ -125,8 +126,8 @@ def _fewest(group: Sequence[RackCap], need: int, count: int) -> Choice:
     return [(r, r.units) for r in head] + [(last, remainder)]
 
 
-def _better(best: tuple[ChoiceKey, Choice] | None,
-            picked: Choice) -> tuple[ChoiceKey, Choice]:
+def _better(best: Chosen, picked: Choice) -> tuple[ChoiceKey, Choice]:
+    """``picked`` with its ranking key, if it ranks before ``best``."""
     key: ChoiceKey = (len(picked), len({r.switch for r, _ in picked}),
                       -sum(r.pref for r, _ in picked), sum(r.score for r, _ in picked))
     return (key, picked) if best is None or key < best[0] else best

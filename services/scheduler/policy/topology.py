@@ -41,10 +41,11 @@ def rack_label(rack: str) -> str:
 
 class ModelCounts:
     """What the cells of one GPU model keep together: their usable nodes
-    counted by ``Cell.node_class``; the free GPUs of the model in each rack,
-    and the racks by that number (``by_free[v]``: the racks with exactly
-    ``v`` free, in topology order), so the fullest rack with some kind of
-    node is found without visiting the emptier ones; and ``changed``, the
+    counted by ``Cell.node_class``, in all and per rack; the free GPUs of
+    the model in each rack, and the racks by that number (``by_free[v]``:
+    the racks with exactly ``v`` free, in topology order), so the fullest
+    rack with some kind of node is found without visiting the emptier
+    ones; and ``changed``, the
     rack of every change to their counters, so an answer computed over the
     model's racks is brought up to date by looking again at the racks
     changed since, not at all of them."""
