@@ -15,7 +15,7 @@ from services.scheduler import app
 
 
 @pytest.fixture
-def collections() -> Iterator[list[str]]:
+def collector_runs() -> Iterator[list[str]]:
     """Every start of a cyclic collection while the test runs."""
     runs: list[str] = []
 
@@ -37,15 +37,15 @@ def _cyclic_garbage(n: int) -> None:
 
 
 def test_no_collection_runs_inside_and_the_collector_runs_again_after(
-        collections: list[str]) -> None:
+        collector_runs: list[str]) -> None:
     assert gc.isenabled()
     with paused_gc():
         assert not gc.isenabled()
         _cyclic_garbage(100_000)  # far past the youngest generation's threshold
-        assert collections == []
+        assert collector_runs == []
     assert gc.isenabled()
     _cyclic_garbage(100_000)
-    assert collections, "the collector did not run again after the pause"
+    assert collector_runs, "the collector did not run again after the pause"
 
 
 def test_the_collector_comes_back_after_an_error_and_stays_off_if_it_was() -> None:

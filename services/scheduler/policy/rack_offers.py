@@ -142,7 +142,7 @@ class RackOffer:
 
 
 def rack_offer(state: ClusterState, model: str, req: Request,
-           pref_racks: dict[int, int]) -> RackOffer:
+               pref_racks: dict[int, int]) -> RackOffer:
     """The model's offer for ``req``'s shape: the one kept for the cycle,
     brought up to date, or a new one (kept unless nodes are preferred)."""
     counts = state.model_counts.get(model)
@@ -158,15 +158,15 @@ def rack_offer(state: ClusterState, model: str, req: Request,
 
 
 def _best_fit(cells: list[Cell], slot_gpus: int) -> int:
-    """Rank of the tightest node for one slot: smallest free count first,
-    and at equal free a partly used node before an empty one (taking an
-    empty node strands its remainder; topping up a used one does not)."""
+    """Rank of the tightest node for one slot: its ``Cell.node_class``
+    (smallest free count first, and at equal free a partly used node
+    before an empty one: taking an empty node strands its remainder,
+    topping up a used one does not)."""
     best = 1 << 30
     for cell in cells:
         hist = cell.hist
-        top = len(hist) - 1
         for f in range(slot_gpus, len(hist)):
             if hist[f]:
-                best = min(best, 2 * f + (f == top))
+                best = min(best, cell.node_class(f))
                 break
     return best
