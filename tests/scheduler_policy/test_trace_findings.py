@@ -83,6 +83,45 @@ S.append(Scenario(
     placed={"fill": ["r1-n0"]}, pending_codes={"h4": "capacity"}))
 
 
+# One GPU model in two node sizes, as the trace's V100M16 (1, 4 and 8 GPUs)
+# and T4 (2 and 4). The counters took a node for wholly free only when it
+# had as many free GPUs as the model's largest node, so an empty 4-GPU node
+# ranked as a partly used one beside 8-GPU nodes and, first in topology
+# order, took the job: a new partly used node, and the 4-GPU jobs lost a
+# whole node.
+_two_sizes = [*rack("r1", 1, gpus=4, prefix="small"), *rack("r1", 1, gpus=8, first=2, prefix="big")]
+S.append(Scenario(
+    "a one-GPU job tops up a partly used node before an empty smaller one",
+    _two_sizes, [job("one", 1, 1)],
+    running=[running(job("half", 1, 4, preemptible=False), ["big-n0"])],
+    placed={"one": ["big-n0"]}))
+
+# A one-node head waits where its GPUs are expected to free up soonest, and
+# a job is expected to run as long again as it has run. The node being
+# drained keeps its jobs while they age, so it looks later every cycle,
+# while a node that has just taken young jobs looks soon: the hold followed
+# young jobs from node to node (replaying the default trace, 12 times in
+# 270 held cycles; 5 now) and gave away what the held node had freed. It moves
+# only to a node expected in under half the time the held one still needs.
+_aged = [running(job("old", 1, 8, preemptible=False), ["r1-n0"], started=NOW - 1_000),
+         running(job("young", 1, 8, preemptible=False), ["r1-n1"], started=NOW - 700)]
+S.append(Scenario(
+    "with nothing held, the head waits on the node expected to free up first",
+    rack("r1", 2), [job("big", 1, 8, at=1)], running=_aged,
+    pending_codes={"big": "capacity"}, reserved={"big": {"r1-n1"}}))
+S.append(Scenario(
+    "a head keeps the node it held unless another is expected in under half the time",
+    rack("r1", 2), [job("big", 1, 8, at=1)], running=_aged, carried={"big": ["r1-n0"]},
+    pending_codes={"big": "capacity"}, reserved={"big": {"r1-n0"}}))
+S.append(Scenario(
+    "a head leaves the node it held for one expected in under half the time",
+    rack("r1", 2), [job("big", 1, 8, at=1)],
+    running=[_aged[0], running(job("fresh", 1, 8, preemptible=False), ["r1-n1"],
+                               started=NOW - 400)],
+    carried={"big": ["r1-n0"]}, pending_codes={"big": "capacity"},
+    reserved={"big": {"r1-n1"}}))
+
+
 @pytest.mark.parametrize("s", S, ids=[s.name for s in S])
 def test_scenario(s: Scenario) -> None:
     result = run(s)

@@ -406,7 +406,8 @@ class Cycle:
             if ws.name not in self._reserved_ws \
                     and len(self._reserved_ws) < self.config.max_reservations:
                 self._reserved_ws.add(ws.name)
-                reserve(self.state, req, now=self.now)
+                reserve(self.state, req, now=self.now,
+                        carried=frozenset(self._drains.get(job.id, ())))
         if ws.queue_policy == "fifo":
             self._fifo_blocked.setdefault(ws.name, []).append((job.id, frozenset(req.models)))
         return out

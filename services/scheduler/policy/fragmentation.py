@@ -59,7 +59,13 @@ class FragTable:
         for model, top in models.items():
             usable = [(need, jobs) for (need, pinned), (jobs, _) in demand.items()
                       if not pinned or model in pinned]
-            self._frag[model] = [free * sum(j for need, j in usable if need > free) / self.weight
+            # Kept as GPUs x jobs, not yet divided by the weight: with whole
+            # job counts every entry and every difference is an exact
+            # integer, so placements that leave the same fragmentation tie
+            # exactly and the tie-breaks (tightest node first) decide, not
+            # rounding ((f - 1) / w - f / w differs in its last bit from
+            # (g - 1) / w - g / w).
+            self._frag[model] = [free * sum(j for need, j in usable if need > free)
                                  for free in range(top + 1)]
         for (_, pinned), (_, gpus) in demand.items():
             within = [m for m in pinned if m in capacity]
@@ -75,14 +81,14 @@ class FragTable:
         row = self._frag.get(model)
         if row is None or free <= 0:
             return 0.0
-        return row[min(free, len(row) - 1)]
+        return row[min(free, len(row) - 1)] / self.weight
 
     def delta(self, model: str, free: int, take: int) -> float:
         """Change in that figure when ``take`` of the ``free`` GPUs are used."""
         row = self._frag.get(model)
         if row is None:
             return 0.0
-        return row[free - take] - row[free]
+        return (row[free - take] - row[free]) / self.weight
 
 
 def task_demand(jobs: Iterable[tuple[Shape, int]]) -> dict[Shape, tuple[float, float]]:

@@ -24,7 +24,7 @@ gone before the head could have used them.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 
 from .domains import ChoiceKey, RackCap, choose_racks
 from .request import Request
@@ -36,9 +36,11 @@ def reservation_name(job_id: str) -> str:
     return f"reserve:{job_id}"
 
 
-def reserve(state: ClusterState, req: Request, *, now: float) -> bool:
+def reserve(state: ClusterState, req: Request, *, now: float,
+            carried: Collection[int] = ()) -> bool:
     """Hold free GPUs for ``req`` where it will fit soonest; False if the
-    ready nodes could not hold it even empty (nothing to wait for)."""
+    ready nodes could not hold it even empty (nothing to wait for).
+    ``carried``: the nodes it held last cycle (see ``MOVE_WHEN``)."""
     with state.what_if():
         for i in req.exclude:
             state.mask(i)
@@ -46,7 +48,7 @@ def reserve(state: ClusterState, req: Request, *, now: float) -> bool:
             if held.kind == RESERVATION:
                 for i in held.per_node:
                     state.mask(i)
-        plan = _shadow(state, req, now)
+        plan = _shadow(state, req, now, carried)
         if plan is None:
             return False
         per_node = {i: min(state.eff_free(i), slots * req.slot_gpus)
@@ -56,9 +58,10 @@ def reserve(state: ClusterState, req: Request, *, now: float) -> bool:
     return True
 
 
-def _shadow(state: ClusterState, req: Request, now: float) -> dict[int, int] | None:
+def _shadow(state: ClusterState, req: Request, now: float,
+            carried: Collection[int]) -> dict[int, int] | None:
     sg, ru, pools = req.slot_gpus, req.rack_unit, req.pools
-    drain = _Drain(state, now)
+    drain = _Drain(state, now, carried)
     if req.slots == 1:
         return _one_node(state, req, drain)
     best: tuple[ChoiceKey, list[tuple[RackCap, int]]] | None = None
@@ -82,13 +85,26 @@ def _shadow(state: ClusterState, req: Request, now: float) -> dict[int, int] | N
     return taken
 
 
+MOVE_WHEN = 0.5
+"""A reservation leaves the nodes it held last cycle only for nodes
+expected to hold the job in less than this share of the time those still
+need. Expected run times grow with a job's age (as long again as it has
+run), so the nodes being drained look later every cycle while nodes that
+just took young jobs look soon: without this the hold would follow the
+youngest jobs from node to node, nothing would drain, and what a held node
+had already freed would go to the next job."""
+
+
 class _Drain:
     """Expected seconds until each node's jobs have ended (cached per call),
-    and until enough of them have ended to free a given number of GPUs."""
+    and until enough of them have ended to free a given number of GPUs;
+    for the nodes held last cycle, scaled by ``MOVE_WHEN``."""
 
-    def __init__(self, state: ClusterState, now: float) -> None:
+    def __init__(self, state: ClusterState, now: float,
+                 carried: Collection[int] = ()) -> None:
         self.state = state
         self.now = now
+        self.carried = carried
         self.cache: dict[int, list[tuple[float, int]]] = {}
 
     def _left(self, alloc: Alloc) -> float:
@@ -105,7 +121,10 @@ class _Drain:
 
     def __call__(self, i: int) -> float:
         ends = self._ends(i)
-        return max(0.0, ends[-1][0]) if ends else 0.0
+        return self._kept(i, max(0.0, ends[-1][0]) if ends else 0.0)
+
+    def _kept(self, i: int, seconds: float) -> float:
+        return seconds * MOVE_WHEN if i in self.carried else seconds
 
     def until_free(self, i: int, gpus: int) -> float:
         """Expected seconds until node ``i`` has ``gpus`` free: a 2-GPU slot
@@ -115,7 +134,7 @@ class _Drain:
         if free >= gpus:
             return 0.0
         at = _freed_at(self._ends(i), free, gpus)
-        return INF if at is None else max(0.0, at)
+        return INF if at is None else self._kept(i, max(0.0, at))
 
 
 def _ends(state: ClusterState, i: int, end: Callable[[Alloc], float]) -> list[tuple[float, int]]:

@@ -139,7 +139,7 @@ class ClusterState:
             ws_used[ws] = ws_used.get(ws, 0) + alloc.gpus
 
     def _build_cells(self) -> None:
-        keyed: dict[tuple[str, str, str, str], Cell] = {}
+        keyed: dict[tuple[str, str, str, str, int], Cell] = {}
         rack_ids: dict[tuple[str, str], int] = {}
         for i, node in enumerate(self.nodes):
             if node.state != "ready" or self.gpus[i] == 0:
@@ -149,18 +149,16 @@ class ClusterState:
                 rack_ids[rack] = len(self.rack_names)
                 self.rack_names.append(node.rack)
                 self.rack_switch.append(node.switch)
-            key = (node.switch, node.rack, node.gpu_model, node.pool)
+            # One cell per node size too: a cell's wholly free nodes are then
+            # exactly those with ``top`` free, so an empty 4-GPU node is not
+            # taken for a partly used one among 8-GPU nodes of its model.
+            cap = self.gpus[i]
+            key = (node.switch, node.rack, node.gpu_model, node.pool, cap)
             cell = keyed.get(key)
             if cell is None:
                 cell = keyed[key] = Cell(len(self.cells), node.switch, node.rack,
-                                         rack_ids[rack], node.gpu_model, node.pool, 0)
+                                         rack_ids[rack], node.gpu_model, node.pool, cap)
                 self.cells.append(cell)
-            cap = self.gpus[i]
-            if cap >= len(cell.hist):
-                grow = cap + 1 - len(cell.hist)
-                cell.hist.extend([0] * grow)
-                cell.cap_hist.extend([0] * grow)
-                cell.buckets.extend([] for _ in range(grow))
             free = self.eff_free(i)
             cell.append(i, free, cap)  # nodes come in index order: buckets stay sorted
             self.cell_of[i] = cell

@@ -91,7 +91,8 @@ class ModelCounts:
 
 
 class Cell:
-    """Counters for the ready nodes of one (switch, rack, model, pool).
+    """Counters for the ready nodes of one (switch, rack, model, pool, node
+    size).
 
     ``hist[f]`` is how many usable nodes have exactly ``f`` free GPUs;
     ``buckets[f]`` lists those nodes (by topology index, ascending);
@@ -125,9 +126,9 @@ class Cell:
         return len(self.hist) - 1
 
     def node_class(self, free: int) -> int:
-        """``2 * free``, plus 1 when that is a whole node of the cell's
-        largest size (wholly free): tighter nodes sort first, and at equal
-        free GPUs a partly used node before an empty one."""
+        """``2 * free``, plus 1 when the node is wholly free (all of a
+        cell's nodes have ``top`` GPUs): tighter nodes sort first, and at
+        equal free GPUs a partly used node before an empty one."""
         return 2 * free + (free == len(self.hist) - 1)
 
     def add(self, node: int, free: int, gpus: int) -> None:
