@@ -14,7 +14,8 @@ same run. All three are measured on GPU allocation over time, over the
 whole arrival window and over its contended part (while tasks queue),
 queueing delay per priority and per size class (1, 2-4, 5-7, 8, >8 GPUs),
 GPU-weighted wait, job completion time (arrival to end), fragmentation
-(free GPUs stranded on partly used nodes), GPUs held idle for blocked jobs
+(free GPUs stranded on partly used nodes, over the whole window and while
+tasks queue: the GPUs a waiting task could not use), GPUs held idle for blocked jobs
 (the policy's reservations) and preemptions, and drawn in one PNG (needs
 matplotlib). The JSON line holds every figure with its ratio to each
 baseline.
@@ -242,6 +243,8 @@ def summarise(m: Metrics, tasks: list[Task], window: float | None = None) -> dic
                                  if contended_weight else None),
         "peak_allocation": max((s[1] for _, s in span), default=0.0),
         "mean_stranded_free": sum(w * s[2] for w, s in span) / weight,
+        "contended_stranded_free": (sum(w * s[2] for w, s in contended) / contended_weight
+                                    if contended_weight else None),
         "mean_reserved_free": sum(w * s[4] for w, s in span) / weight,
         "reserved_idle_share": sum(w * s[5] for w, s in span) / weight,
         "mean_queue": sum(w * s[3] for w, s in span) / weight,
@@ -306,7 +309,8 @@ GOALS = {
     "gpu_weighted_mean_wait_s": "GPU-weighted mean wait <= 1.1 x the better baseline",
     "8gpu_mean_wait_s": "tasks of >= 8 GPUs: mean wait <= 1.25 x FIFO first-fit's",
     "reserved_idle_share": "GPUs held idle for blocked jobs <= 2% of all",
-    "mean_stranded_free": "free GPUs stranded on partly used nodes < FIFO first-fit's",
+    "contended_stranded_free":
+        "free GPUs stranded on partly used nodes while tasks queue < FIFO first-fit's",
 }
 
 
@@ -316,7 +320,12 @@ def goals(pol: dict[str, Any], ff: dict[str, Any], bf: dict[str, Any]) -> dict[s
         return min(ff[key], bf[key])
 
     return {
-        "contended_allocation": (pol["contended_allocation"] or 0.0)
+        # None: no task ever queued under that scheduler. Under the policy
+        # that meets both contended goals (no GPU sat idle or stranded
+        # while anything waited); under a baseline it counts as nothing
+        # idle and nothing stranded.
+        "contended_allocation": pol["contended_allocation"] is None
+        or pol["contended_allocation"]
         >= max(ff["contended_allocation"] or 0.0, bf["contended_allocation"] or 0.0),
         "high_mean_wait_s": pol.get("high_mean_wait_s", 0.0) <= low("high_mean_wait_s")
         if "high_mean_wait_s" in ff else True,
@@ -326,7 +335,8 @@ def goals(pol: dict[str, Any], ff: dict[str, Any], bf: dict[str, Any]) -> dict[s
             pol["gpu_weighted_mean_wait_s"] <= 1.1 * low("gpu_weighted_mean_wait_s"),
         "8gpu_mean_wait_s": pol["8gpu_mean_wait_s"] <= 1.25 * ff["8gpu_mean_wait_s"],
         "reserved_idle_share": pol["reserved_idle_share"] <= 0.02,
-        "mean_stranded_free": pol["mean_stranded_free"] < ff["mean_stranded_free"],
+        "contended_stranded_free": pol["contended_stranded_free"] is None
+        or pol["contended_stranded_free"] < (ff["contended_stranded_free"] or 0.0),
     }
 
 
@@ -391,7 +401,7 @@ def table(results: list[dict[str, Any]]) -> str:
             ("high p99 wait s", "high_p99_wait_s", "{:,.0f}"),
             ("GPU-weighted wait s", "gpu_weighted_mean_wait_s", "{:,.0f}"),
             (">=8-GPU mean wait s", "8gpu_mean_wait_s", "{:,.0f}"),
-            ("stranded free", "mean_stranded_free", "{:.3f}"),
+            ("stranded free while queued", "contended_stranded_free", "{:.3f}"),
             ("reserved idle", "reserved_idle_share", "{:.4f}")]
     out = ["| trace | load | " + " | ".join(c[0] for c in cols) + " |",
            "|---|---|" + "---|" * len(cols)]

@@ -185,7 +185,7 @@ def test_the_scheduling_window_runs_to_the_last_start(tmp_path: Path) -> None:
 def _figures(**kw: float) -> dict[str, float]:
     base = {"contended_allocation": 0.8, "high_mean_wait_s": 100.0, "high_p99_wait_s": 900.0,
             "gpu_weighted_mean_wait_s": 200.0, "8gpu_mean_wait_s": 400.0,
-            "reserved_idle_share": 0.0, "mean_stranded_free": 0.2}
+            "reserved_idle_share": 0.0, "contended_stranded_free": 0.2}
     return {**base, **kw}
 
 
@@ -193,14 +193,29 @@ def test_goals_compare_against_the_better_baseline() -> None:
     ff, bf = _figures(), _figures(contended_allocation=0.85, high_mean_wait_s=90.0)
     met = trace.goals(_figures(contended_allocation=0.85, high_mean_wait_s=90.0,
                                gpu_weighted_mean_wait_s=219.0, **{"8gpu_mean_wait_s": 499.0},
-                               reserved_idle_share=0.02, mean_stranded_free=0.19), ff, bf)
+                               reserved_idle_share=0.02, contended_stranded_free=0.19), ff, bf)
     assert all(met.values()), met
     missed = trace.goals(_figures(contended_allocation=0.84, high_mean_wait_s=95.0,
                                   gpu_weighted_mean_wait_s=221.0,
                                   **{"8gpu_mean_wait_s": 501.0}, reserved_idle_share=0.021,
-                                  mean_stranded_free=0.2), ff, bf)
+                                  contended_stranded_free=0.2), ff, bf)
     assert not any(v for k, v in missed.items() if k != "high_p99_wait_s"), missed
     assert set(met) == set(trace.GOALS)
+
+
+def test_a_policy_under_which_nothing_queued_meets_the_contended_goals() -> None:
+    # With every node of a trace kept, the policy may start every task at
+    # once while a baseline queues a few: it left nothing idle or stranded
+    # while something waited. The other way round (the wait goals say what
+    # queueing cost), GPUs it stranded while tasks queued miss the goal.
+    idle = {"contended_allocation": None, "contended_stranded_free": None}
+    ff, bf = _figures(), _figures(**idle)
+    met = trace.goals(_figures(**idle), ff, bf)
+    assert met["contended_allocation"] and met["contended_stranded_free"]
+    missed = trace.goals(_figures(contended_allocation=0.5), _figures(**idle),
+                         _figures(**idle))
+    assert missed["contended_allocation"]  # no baseline allocation to fall behind
+    assert not missed["contended_stranded_free"]  # 0.2 stranded against none
 
 
 def test_the_table_marks_each_missed_goal() -> None:
