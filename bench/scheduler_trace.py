@@ -15,8 +15,8 @@ whole arrival window and over its contended part (while tasks queue),
 queueing delay per priority and per size class (1, 2-4, 5-7, 8, >8 GPUs),
 GPU-weighted wait, job completion time (arrival to end), fragmentation
 (free GPUs stranded on partly used nodes, over the whole window and while
-tasks queue: the GPUs a waiting task could not use), GPUs held idle for blocked jobs
-(the policy's reservations) and preemptions, and drawn in one PNG (needs
+tasks queue), GPUs held idle for blocked jobs (the policy's reservations)
+and preemptions, and drawn in one PNG (needs
 matplotlib). The JSON line holds every figure with its ratio to each
 baseline.
 
@@ -322,8 +322,8 @@ def goals(pol: dict[str, Any], ff: dict[str, Any], bf: dict[str, Any]) -> dict[s
     return {
         # None: no task ever queued under that scheduler. Under the policy
         # that meets both contended goals (no GPU sat idle or stranded
-        # while anything waited); under a baseline it counts as nothing
-        # idle and nothing stranded.
+        # while anything waited); a baseline's sets no bar for allocation
+        # and a bar of zero for stranded GPUs.
         "contended_allocation": pol["contended_allocation"] is None
         or pol["contended_allocation"]
         >= max(ff["contended_allocation"] or 0.0, bf["contended_allocation"] or 0.0),

@@ -121,6 +121,16 @@ S.append(Scenario(
     carried={"big": ["r1-n0"]}, pending_codes={"big": "capacity"},
     reserved={"big": {"r1-n1"}}))
 
+_three = [*_aged, running(job("newer", 1, 8, preemptible=False), ["r1-n2"], started=NOW - 600)]
+S.append(Scenario(
+    "a gang waits on the nodes of its rack expected to drain first",
+    rack("r1", 3), [job("gang", 2, 8, at=1)], running=_three,
+    pending_codes={"gang": "capacity"}, reserved={"gang": {"r1-n1", "r1-n2"}}))
+S.append(Scenario(
+    "a gang keeps the nodes it held unless others drain in under half the time",
+    rack("r1", 3), [job("gang", 2, 8, at=1)], running=_three,
+    carried={"gang": ["r1-n0", "r1-n1"]}, pending_codes={"gang": "capacity"},
+    reserved={"gang": {"r1-n0", "r1-n1"}}))
 
 @pytest.mark.parametrize("s", S, ids=[s.name for s in S])
 def test_scenario(s: Scenario) -> None:

@@ -14,7 +14,8 @@ again as it has run so far (job run times are heavy-tailed: a job that has
 run for a day is likely to run for another, one that started a minute ago
 likely ends soon). The free GPUs of the chosen nodes are held; the rest of
 each node drains as its jobs end and nothing new lands there. The choice is
-made again every cycle, so a head moves to a node that emptied sooner.
+made again every cycle, so a head moves to a node expected to be ready in
+under half the time its own still needs (``MOVE_WHEN``).
 
 The one exception is EASY-style backfill: a job whose ``expected_runtime_s``
 ends before the hold's ``until`` (the latest expected end of the jobs it waits
@@ -88,11 +89,12 @@ def _shadow(state: ClusterState, req: Request, now: float,
 MOVE_WHEN = 0.5
 """A reservation leaves the nodes it held last cycle only for nodes
 expected to hold the job in less than this share of the time those still
-need. Expected run times grow with a job's age (as long again as it has
-run), so the nodes being drained look later every cycle while nodes that
-just took young jobs look soon: without this the hold would follow the
-youngest jobs from node to node, nothing would drain, and what a held node
-had already freed would go to the next job."""
+need (for a gang: within the racks chosen, a node held last cycle counts
+this share of its expected drain time). Expected run times grow with a
+job's age (as long again as it has run), so the nodes being drained look
+later every cycle while nodes that just took young jobs look soon: without
+this the hold could follow young jobs from node to node and give what a
+held node had already freed to the next job."""
 
 
 class _Drain:
