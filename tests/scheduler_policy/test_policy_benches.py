@@ -157,6 +157,7 @@ def test_the_figures_that_separate_policies(tmp_path: Path) -> None:
         # window is part of the arrival window, and no fuller than the peak.
         assert 0 < fig["contended_share"] <= 1
         assert fig["contended_allocation"] <= fig["peak_allocation"]
+        assert 0 <= fig["contended_stranded_free"] <= 1
         waits = {t.job.id: m.started[t.job.id] - t.arrival for t in tasks}
         weighted = sum(waits[t.job.id] * t.job.gpus_per_worker for t in tasks) / 31
         assert abs(fig["gpu_weighted_mean_wait_s"] - weighted) < 1e-9
