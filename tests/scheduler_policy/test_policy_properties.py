@@ -58,7 +58,7 @@ def test_decisions_do_not_depend_on_input_order(seed: int) -> None:
 
 
 def _fingerprint(st: ClusterState) -> tuple[Any, ...]:
-    cells = [(tuple(c.hist), tuple(tuple(b) for b in c.buckets), tuple(c.cap_hist), c.free)
+    cells = [(tuple(c.hist), tuple(tuple(b) for b in c.buckets), c.nodes, c.free)
              for c in st.cells]
     return (tuple(st.free), bytes(st.masked), tuple(cells),
             tuple(sorted((m, f) for m, f in st.model_free.items())),

@@ -160,7 +160,7 @@ class ClusterState:
                                          rack_ids[rack], node.gpu_model, node.pool, cap)
                 self.cells.append(cell)
             free = self.eff_free(i)
-            cell.append(i, free, cap)  # nodes come in index order: buckets stay sorted
+            cell.append(i, free)  # nodes come in index order: buckets stay sorted
             self.cell_of[i] = cell
             model = node.gpu_model
             self.model_free[model] = self.model_free.get(model, 0) + free
@@ -188,8 +188,7 @@ class ClusterState:
         """GPUs of the ready nodes of each model."""
         out: dict[str, int] = {}
         for model, racks in self.model_racks.items():
-            out[model] = sum(n * c for _, cells in racks for cell in cells
-                             for c, n in enumerate(cell.cap_hist))
+            out[model] = sum(cell.nodes * cell.top for _, cells in racks for cell in cells)
         return out
 
     def usable(self, i: int) -> bool:
@@ -296,7 +295,7 @@ class ClusterState:
         if cell is None or self.masked[i]:
             return
         free = self.eff_free(i)
-        cell.remove(i, free, self.gpus[i])
+        cell.remove(i, free)
         self.model_free[cell.model] -= free
         self.masked[i] = 1
         if self._log is not None:
@@ -308,7 +307,7 @@ class ClusterState:
             return
         self.masked[i] = 0
         free = self.eff_free(i)
-        cell.add(i, free, self.gpus[i])
+        cell.add(i, free)
         self.model_free[cell.model] += free
 
     def what_if(self) -> Plan:

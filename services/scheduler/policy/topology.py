@@ -45,10 +45,9 @@ class ModelCounts:
     the model in each rack, and the racks by that number (``by_free[v]``:
     the racks with exactly ``v`` free, in topology order), so the fullest
     rack with some kind of node is found without visiting the emptier
-    ones; and ``changed``, the
-    rack of every change to their counters, so an answer computed over the
-    model's racks is brought up to date by looking again at the racks
-    changed since, not at all of them."""
+    ones; and ``changed``, the rack of every change to their counters, so
+    an answer computed over the model's racks is brought up to date by
+    looking again at the racks changed since, not at all of them."""
 
     __slots__ = ("classes", "class_racks", "changed", "rack_free", "by_free", "rack_cells",
                  "rack_index")
@@ -96,33 +95,33 @@ class Cell:
 
     ``hist[f]`` is how many usable nodes have exactly ``f`` free GPUs;
     ``buckets[f]`` lists those nodes (by topology index, ascending);
-    ``cap_hist[c]`` counts usable nodes by their total GPUs. All three are
-    kept up to date on every allocation, so a placement question costs a
+    ``nodes`` counts them (each has ``top`` GPUs). All three are kept up to
+    date on every allocation, so a placement question costs a
     pass over a few counters per rack instead of a pass over every node.
     ``counts`` is what the cells of one GPU model keep together
     (``ModelCounts``), updated by the same calls.
     """
 
     __slots__ = ("index", "switch", "rack", "rack_id", "model", "pool",
-                 "hist", "buckets", "cap_hist", "free", "counts")
+                 "hist", "buckets", "nodes", "free", "counts")
 
     def __init__(self, index: int, switch: str, rack: str, rack_id: int,
-                 model: str, pool: str, max_gpus: int) -> None:
+                 model: str, pool: str, gpus: int) -> None:
         self.index = index
         self.switch = switch
         self.rack = rack
         self.rack_id = rack_id
         self.model = model
         self.pool = pool
-        self.hist = [0] * (max_gpus + 1)
-        self.buckets: list[list[int]] = [[] for _ in range(max_gpus + 1)]
-        self.cap_hist = [0] * (max_gpus + 1)
+        self.hist = [0] * (gpus + 1)
+        self.buckets: list[list[int]] = [[] for _ in range(gpus + 1)]
+        self.nodes = 0
         self.free = 0
         self.counts: ModelCounts | None = None
 
     @property
     def top(self) -> int:
-        """The most GPUs a node of this cell has."""
+        """The GPUs of each node of this cell."""
         return len(self.hist) - 1
 
     def node_class(self, free: int) -> int:
@@ -131,10 +130,10 @@ class Cell:
         equal free GPUs a partly used node before an empty one."""
         return 2 * free + (free == len(self.hist) - 1)
 
-    def add(self, node: int, free: int, gpus: int) -> None:
+    def add(self, node: int, free: int) -> None:
         self.hist[free] += 1
         insort(self.buckets[free], node)
-        self.cap_hist[gpus] += 1
+        self.nodes += 1
         self.free += free
         counts = self.counts
         if counts is not None:
@@ -143,18 +142,18 @@ class Cell:
             if free:
                 counts.shift(self.rack_id, free)
 
-    def append(self, node: int, free: int, gpus: int) -> None:
+    def append(self, node: int, free: int) -> None:
         """``add`` for a node with a higher index than any already here."""
         self.hist[free] += 1
         self.buckets[free].append(node)
-        self.cap_hist[gpus] += 1
+        self.nodes += 1
         self.free += free
 
-    def remove(self, node: int, free: int, gpus: int) -> None:
+    def remove(self, node: int, free: int) -> None:
         self.hist[free] -= 1
         bucket = self.buckets[free]
         del bucket[_find(bucket, node)]
-        self.cap_hist[gpus] -= 1
+        self.nodes -= 1
         self.free -= free
         counts = self.counts
         if counts is not None:
@@ -191,12 +190,7 @@ class Cell:
 
     def capacity_slots(self, slot_gpus: int) -> int:
         """Slots the cell would hold if every job on it ended."""
-        caps = self.cap_hist
-        total = 0
-        for c in range(slot_gpus, len(caps)):
-            if caps[c]:
-                total += caps[c] * (c // slot_gpus)
-        return total
+        return self.nodes * (self.top // slot_gpus)
 
 
 def _find(bucket: list[int], node: int) -> int:
