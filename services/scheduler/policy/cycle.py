@@ -11,13 +11,16 @@ the caller.
 
 A blocked job stops its workspace's queue when the queue is ``fifo`` (for
 the jobs that compete with it for a GPU model: a job pinned to other models
-goes on); in a ``balance`` queue later jobs may backfill. Either way the
-first blocked job of each queue gets a reservation (see ``reservation``) so
-jobs behind it and jobs of other queues cannot take the capacity it waits
-for, and a workspace quota keeps room for its first quota-blocked job. When
-the nodes held for a job last cycle can hold it, it starts there first;
-then jobs that fill whole nodes start on wholly free ones, before smaller
-jobs of higher priority could break those nodes up (balance queues only).
+goes on); in a ``balance`` queue later jobs may backfill. Either way one
+blocked job of each queue gets a reservation (see ``reservation``) so jobs
+behind it and jobs of other queues cannot take the capacity it waits for,
+and a workspace quota keeps room for its first quota-blocked job. The
+reservation goes to the first blocked job in queue order, except that in a
+``balance`` queue a one-node job that fills a whole node claims it first.
+When the nodes held for a job last cycle can hold it, it starts there
+first; then jobs that fill whole nodes start on wholly free ones, before
+smaller jobs of higher priority could break those nodes up (balance queues
+only).
 """
 
 from __future__ import annotations
@@ -92,6 +95,7 @@ class Cycle:
         self.outcomes: dict[str, Outcome] = {}
         self._fifo_blocked: dict[str, list[tuple[str, frozenset[str]]]] = {}
         self._reserved_ws: set[str] = set()
+        self._claimed: dict[str, str] = {}
         self._quota_reserved: dict[str, int] = {}
         self._preemption_attempts = 0
         self._failed: dict[tuple[object, ...], int] = {}
@@ -156,9 +160,18 @@ class Cycle:
         wait for their turn. A gang of several nodes that does not fit
         finds some wholly free nodes but not enough: the jobs of its queue
         that compete with it for a GPU model then wait for the main pass,
-        where it holds capacity before anything behind it may backfill. (A
-        one-node job that does not fit finds no wholly free node of its
-        models: those behind it cannot take one it could use.)"""
+        where it holds capacity before anything behind it may backfill.
+
+        A one-node job that does not fit finds no wholly free node of its
+        models (those behind it cannot take one it could use), and claims
+        its queue's reservation here, ahead of the smaller jobs before it in
+        queue order: they take the next GPU that frees anywhere, while it
+        needs a whole node to drain, and nothing drains unless held. With
+        the reservation going to the first blocked job, mostly a one-GPU job
+        of high priority, the 8-GPU tasks of the default trace at load 1
+        waited 243 s on average against first-fit's 163 s. When its turn in
+        the main pass comes, the claim is given back and the job decided
+        afresh (see ``decide``)."""
         st = self.state
         stopped: dict[str, set[str]] = {}
         for job in self.queue:
@@ -180,9 +193,19 @@ class Cycle:
                 continue
             if req.slots > 1:
                 blocked.update(req.models)
+            elif allowed is not None and self._may_reserve(job.workspace):
+                self._claim(allowed)
 
     def decide(self, job: Job) -> str:
         """Nominate, place tentatively, commit or block one job; its code."""
+        if self._claimed.get(job.workspace) == job.id:
+            # Its claim (see _whole_nodes_first) kept the jobs ahead of it
+            # off the nodes it waits for; now it may start elsewhere (on
+            # lent GPUs) or preempt. Blocked again, it reserves again.
+            del self._claimed[job.workspace]
+            self._reserved_ws.discard(job.workspace)
+            if reservation_name(job.id) in self.state.holds:
+                self.state.unhold(reservation_name(job.id))
         outcome = self._decide(job)
         self.outcomes[job.id] = outcome
         return outcome.code
@@ -403,14 +426,25 @@ class Cycle:
             owners = self._held_for(req)
             out = (Outcome("held", explain.held(owners, self._held_until(owners), self.now), req)
                    if owners else Outcome("capacity", "", req))
-            if ws.name not in self._reserved_ws \
-                    and len(self._reserved_ws) < self.config.max_reservations:
-                self._reserved_ws.add(ws.name)
-                reserve(self.state, req, now=self.now,
-                        carried=frozenset(self._drains.get(job.id, ())))
+            if self._may_reserve(ws.name):
+                self._reserve(req)
         if ws.queue_policy == "fifo":
             self._fifo_blocked.setdefault(ws.name, []).append((job.id, frozenset(req.models)))
         return out
+
+    def _may_reserve(self, workspace: str) -> bool:
+        """One reservation per queue, and at most ``max_reservations``."""
+        return workspace not in self._reserved_ws \
+            and len(self._reserved_ws) < self.config.max_reservations
+
+    def _reserve(self, req: Request) -> None:
+        self._reserved_ws.add(req.job.workspace)
+        reserve(self.state, req, now=self.now,
+                carried=frozenset(self._drains.get(req.job.id, ())))
+
+    def _claim(self, req: Request) -> None:
+        self._claimed[req.job.workspace] = req.job.id
+        self._reserve(req)
 
     def _fifo_blocker(self, job: Job) -> str | None:
         """The blocked job of a FIFO queue that ``job`` must wait behind:
