@@ -206,6 +206,7 @@ class Cycle:
             self._reserved_ws.discard(job.workspace)
             if reservation_name(job.id) in self.state.holds:
                 self.state.unhold(reservation_name(job.id))
+                self._failed.clear()  # the held GPUs are free again
         outcome = self._decide(job)
         self.outcomes[job.id] = outcome
         return outcome.code
@@ -499,8 +500,9 @@ class Cycle:
         return sorted({st.nodes[i].rack or "(unlabelled)" for i in held.per_node})
 
     def _known_failure(self, stage: object, req: Request) -> bool:
-        """Capacity only shrinks within a cycle (until a preemption), so a
-        request that failed at size n fails at any size >= n."""
+        """Capacity only shrinks within a cycle (until a preemption or a
+        claim given back), so a request that failed at size n fails at any
+        size >= n."""
         shape = req.shape
         if shape is None:
             return False
