@@ -163,15 +163,15 @@ class Cycle:
         where it holds capacity before anything behind it may backfill.
 
         A one-node job that does not fit finds no wholly free node of its
-        models (those behind it cannot take one it could use), and claims
-        its queue's reservation here, ahead of the smaller jobs before it in
-        queue order: they take the next GPU that frees anywhere, while it
-        needs a whole node to drain, and nothing drains unless held. With
-        the reservation going to the first blocked job, mostly a one-GPU job
-        of high priority, the 8-GPU tasks of the default trace at load 1
-        waited 243 s on average against first-fit's 163 s. When its turn in
-        the main pass comes, the claim is given back and the job decided
-        afresh (see ``decide``)."""
+        models (those behind it cannot take one it could use); the first
+        such job of a queue claims the queue's reservation here, ahead of
+        the smaller jobs before it in queue order: they take the next GPU
+        that frees anywhere, while it needs a whole node to drain, and
+        nothing drains unless held. With the reservation going to the first
+        blocked job, mostly a one-GPU job of high priority, the 8-GPU tasks
+        of the default trace at load 1 waited 243 s on average against
+        first-fit's 163 s. When its turn in the main pass comes, the claim
+        is given back and the job decided afresh (see ``decide``)."""
         st = self.state
         stopped: dict[str, set[str]] = {}
         for job in self.queue:
