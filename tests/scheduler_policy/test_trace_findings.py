@@ -72,6 +72,27 @@ S.append(Scenario(
     pending_codes={"big": "preempting"}, reserved={}))
 
 S.append(Scenario(
+    # "big" claimed the four free GPUs of r1-n0 (drained soonest), so "h1"
+    # found only two GPUs on each of two nodes and the cycle remembered
+    # that its shape does not fit. In its turn "big" gave the claim back and
+    # waits for the GPUs being released on r0-n0; "h2", of h1's shape,
+    # takes the four GPUs given back rather than failing from memory.
+    "a job of a shape that failed under a claim fits once the claim is given back",
+    rack("r0", 1, model="Y") + rack("r1", 3),
+    [job("h1", 1, 4, prio="high", at=0, gpu_models={"MI300X"}), job("big", 1, 8, at=1),
+     job("h2", 1, 4, at=2, gpu_models={"MI300X"})],
+    workspaces=BALANCE,
+    running=[running(job("going", 1, 8, prio="low"), ["r0-n0"], started=0,
+                     terminating=True),
+             running(job("b", 1, 4, prio="high", preemptible=False), ["r1-n0"],
+                     started=NOW - 60),
+             running(job("c", 1, 6, prio="high", preemptible=False), ["r1-n1"],
+                     started=NOW - 3_600),
+             running(job("d", 1, 6, prio="high", preemptible=False), ["r1-n2"],
+                     started=NOW - 3_600)],
+    placed={"h2": ["r1-n0"]}, pending_codes={"h1": "held", "big": "waiting"}))
+
+S.append(Scenario(
     # A one-node head waited on the node expected to drain wholly soonest.
     # On the default trace a stream of short high-priority 4-GPU tasks held
     # each 8-GPU node as it emptied, a pair at a time, and the medium 8-GPU

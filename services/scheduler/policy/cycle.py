@@ -95,7 +95,7 @@ class Cycle:
         self.outcomes: dict[str, Outcome] = {}
         self._fifo_blocked: dict[str, list[tuple[str, frozenset[str]]]] = {}
         self._reserved_ws: set[str] = set()
-        self._claimed: dict[str, str] = {}
+        self._claimed: set[str] = set()  # jobs holding their queue's reservation early
         self._quota_reserved: dict[str, int] = {}
         self._preemption_attempts = 0
         self._failed: dict[tuple[object, ...], int] = {}
@@ -194,15 +194,16 @@ class Cycle:
             if req.slots > 1:
                 blocked.update(req.models)
             elif allowed is not None and self._may_reserve(job.workspace):
-                self._claim(allowed)
+                self._claimed.add(job.id)
+                self._reserve(allowed)
 
     def decide(self, job: Job) -> str:
         """Nominate, place tentatively, commit or block one job; its code."""
-        if self._claimed.get(job.workspace) == job.id:
+        if job.id in self._claimed:
             # Its claim (see _whole_nodes_first) kept the jobs ahead of it
             # off the nodes it waits for; now it may start elsewhere (on
             # lent GPUs) or preempt. Blocked again, it reserves again.
-            del self._claimed[job.workspace]
+            self._claimed.discard(job.id)
             self._reserved_ws.discard(job.workspace)
             if reservation_name(job.id) in self.state.holds:
                 self.state.unhold(reservation_name(job.id))
@@ -442,10 +443,6 @@ class Cycle:
         self._reserved_ws.add(req.job.workspace)
         reserve(self.state, req, now=self.now,
                 carried=frozenset(self._drains.get(req.job.id, ())))
-
-    def _claim(self, req: Request) -> None:
-        self._claimed[req.job.workspace] = req.job.id
-        self._reserve(req)
 
     def _fifo_blocker(self, job: Job) -> str | None:
         """The blocked job of a FIFO queue that ``job`` must wait behind:
