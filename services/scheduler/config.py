@@ -120,6 +120,10 @@ class SchedulerFile(Frozen):
         default=True, description="place single-node requests on the least pressed GPU "
         "model and where they fragment the cluster least for the running and queued job "
         "shapes (off: the tightest node)")
+    whole_node_holds: int = Field(
+        default=2, ge=0, description="how many blocked one-node jobs of a balance queue that "
+        "fill a whole node hold a node to drain at once, ahead of smaller jobs before them "
+        "(0: only the first blocked job of each queue holds capacity)")
     preemption_grace_s: float = Field(default=30.0, ge=0,
                                       description="time a victim has to checkpoint and stop")
     stop_grace_s: float = Field(
@@ -156,7 +160,8 @@ class SchedulerFile(Frozen):
         return SchedulerConfig(priorities=dict(self.priorities), preemption=self.preemption,
                                cross_workspace_preemption=self.cross_workspace_preemption,
                                preempt_larger_jobs=self.preempt_larger_jobs,
-                               fragmentation_aware=self.fragmentation_aware)
+                               fragmentation_aware=self.fragmentation_aware,
+                               whole_node_holds=self.whole_node_holds)
 
     def limits(self) -> Limits:
         return Limits(preemption_grace_s=self.preemption_grace_s, stop_grace_s=self.stop_grace_s,

@@ -16,7 +16,8 @@ blocked job of each queue gets a reservation (see ``reservation``) so jobs
 behind it and jobs of other queues cannot take the capacity it waits for,
 and a workspace quota keeps room for its first quota-blocked job. The
 reservation goes to the first blocked job in queue order, except that in a
-``balance`` queue a one-node job that fills a whole node claims it first.
+``balance`` queue the first one-node jobs that fill a whole node (up to
+``whole_node_holds``) claim a reservation each, ahead of it.
 When the nodes held for a job last cycle can hold it, it starts there
 first; then jobs that fill whole nodes start on wholly free ones, before
 smaller jobs of higher priority could break those nodes up (balance queues
@@ -94,8 +95,8 @@ class Cycle:
         self.preemptions: list[Preemption] = []
         self.outcomes: dict[str, Outcome] = {}
         self._fifo_blocked: dict[str, list[tuple[str, frozenset[str]]]] = {}
-        self._reserved_ws: set[str] = set()
-        self._claimed: set[str] = set()  # jobs holding their queue's reservation early
+        self._holders: dict[str, set[str]] = {}  # workspace -> jobs it holds capacity for
+        self._claimed: set[str] = set()  # whole-node jobs holding capacity ahead of their turn
         self._quota_reserved: dict[str, int] = {}
         self._preemption_attempts = 0
         self._failed: dict[tuple[object, ...], int] = {}
@@ -164,14 +165,18 @@ class Cycle:
 
         A one-node job that does not fit finds no wholly free node of its
         models (those behind it cannot take one it could use); the first
-        such job of a queue claims the queue's reservation here, ahead of
-        the smaller jobs before it in queue order: they take the next GPU
-        that frees anywhere, while it needs a whole node to drain, and
-        nothing drains unless held. With the reservation going to the first
-        blocked job, mostly a one-GPU job of high priority, the 8-GPU tasks
-        of the default trace at load 1 waited 243 s on average against
-        first-fit's 163 s. When its turn in the main pass comes, the claim
-        is given back and the job decided afresh (see ``decide``)."""
+        ``whole_node_holds`` such jobs of a queue claim a reservation each
+        here, ahead of the smaller jobs before them in queue order: those
+        take the next GPU that frees anywhere, while a whole-node job needs
+        a node to drain, and nothing drains unless held. With the
+        reservation going to the first blocked job, mostly a one-GPU job of
+        high priority, the 8-GPU tasks of the default trace at load 1
+        waited 243 s on average against first-fit's 163 s. With one claim
+        per queue the next 8-GPU job still waited for a node to empty by
+        chance; two nodes drain at once now (``gpuspec33`` at load 4: 8-GPU
+        tasks 689 s to 470 s, allocation while tasks queue 0.46 to 0.59).
+        When a job's turn in the main pass comes, its claim is given back
+        and the job decided afresh (see ``decide``)."""
         st = self.state
         stopped: dict[str, set[str]] = {}
         for job in self.queue:
@@ -193,7 +198,7 @@ class Cycle:
                 continue
             if req.slots > 1:
                 blocked.update(req.models)
-            elif allowed is not None and self._may_reserve(job.workspace):
+            elif allowed is not None and self._may_claim(job.workspace):
                 self._claimed.add(job.id)
                 self._reserve(allowed)
 
@@ -202,13 +207,13 @@ class Cycle:
         if job.id in self._claimed:
             # Its claim (see _whole_nodes_first) kept the jobs ahead of it
             # off the nodes it waits for; now it may start elsewhere (on
-            # lent GPUs) or preempt. Blocked again, it reserves again.
-            self._claimed.discard(job.id)
-            self._reserved_ws.discard(job.workspace)
+            # lent GPUs) or preempt. Blocked again, it holds again (_block).
+            self._holders[job.workspace].discard(job.id)
             if reservation_name(job.id) in self.state.holds:
                 self.state.unhold(reservation_name(job.id))
                 self._failed.clear()  # the held GPUs are free again
         outcome = self._decide(job)
+        self._claimed.discard(job.id)
         self.outcomes[job.id] = outcome
         return outcome.code
 
@@ -428,19 +433,27 @@ class Cycle:
             owners = self._held_for(req)
             out = (Outcome("held", explain.held(owners, self._held_until(owners), self.now), req)
                    if owners else Outcome("capacity", "", req))
-            if self._may_reserve(ws.name):
+            if job.id in self._claimed or self._may_reserve(ws.name):
                 self._reserve(req)
         if ws.queue_policy == "fifo":
             self._fifo_blocked.setdefault(ws.name, []).append((job.id, frozenset(req.models)))
         return out
 
     def _may_reserve(self, workspace: str) -> bool:
-        """One reservation per queue, and at most ``max_reservations``."""
-        return workspace not in self._reserved_ws \
-            and len(self._reserved_ws) < self.config.max_reservations
+        """One blocked job of a queue holds capacity (unless its whole-node
+        jobs claimed it), and at most ``max_reservations`` in all."""
+        return not self._holders.get(workspace) and self._holding() < self.config.max_reservations
+
+    def _may_claim(self, workspace: str) -> bool:
+        """Up to ``whole_node_holds`` whole-node jobs of a queue claim it."""
+        return len(self._holders.get(workspace, ())) < self.config.whole_node_holds \
+            and self._holding() < self.config.max_reservations
+
+    def _holding(self) -> int:
+        return sum(map(len, self._holders.values()))
 
     def _reserve(self, req: Request) -> None:
-        self._reserved_ws.add(req.job.workspace)
+        self._holders.setdefault(req.job.workspace, set()).add(req.job.id)
         reserve(self.state, req, now=self.now,
                 carried=frozenset(self._drains.get(req.job.id, ())))
 

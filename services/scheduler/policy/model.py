@@ -131,16 +131,21 @@ class Snapshot:
 class SchedulerConfig:
     """Knobs of the policy; defaults suit a 1,000-node cluster.
 
-    ``max_reservations`` bounds how many blocked queue heads hold capacity
-    per cycle; ``max_preemption_attempts`` bounds victim searches per cycle
-    (each is a what-if over the snapshot); ``max_victim_checks`` bounds the
-    fit checks one search may run.
+    ``max_reservations`` bounds how many blocked jobs hold capacity per
+    cycle (one per queue, or its whole-node jobs' claims);
+    ``max_preemption_attempts`` bounds victim searches per cycle (each is a
+    what-if over the snapshot); ``max_victim_checks`` bounds the fit checks
+    one search may run.
     """
 
     priorities: Mapping[str, int] = field(default_factory=lambda: dict(DEFAULT_PRIORITIES))
     preemption: bool = True
     cross_workspace_preemption: bool = False
     max_reservations: int = 8
+    whole_node_holds: int = 2
+    """How many one-node jobs of a balance queue that fill a whole node hold
+    capacity at once, ahead of smaller jobs before them (0: only the first
+    blocked job of each queue holds)."""
     max_preemption_attempts: int = 32
     max_victim_checks: int = 64
     preempt_larger_jobs: bool = False
