@@ -117,9 +117,10 @@ class SchedulerFile(Frozen):
         "for (off: the victim's GPUs would mostly go to other small jobs while it waits for a "
         "whole node again)")
     fragmentation_aware: bool = Field(
-        default=True, description="place single-node requests on the least pressed GPU "
-        "model and where they fragment the cluster least for the running and queued job "
-        "shapes (off: the tightest node)")
+        default=True, description="place single-node requests on the GPU model pinned "
+        "jobs need least (or whose GPUs left over by them are least in use) and where they "
+        "fragment the cluster least for the running and queued job shapes (off: the "
+        "tightest node)")
     whole_node_holds: int = Field(
         default=2, ge=0, description="how many blocked one-node jobs of a balance queue that "
         "fill a whole node hold a node to drain at once, ahead of smaller jobs before them "

@@ -49,6 +49,24 @@ def test_pressure_is_what_pinned_jobs_ask_of_a_model_per_gpu_it_has() -> None:
     assert table.pressure["G2"] == 0.0
 
 
+
+def test_the_pull_is_pressure_or_the_used_share_of_the_room_pinned_jobs_leave() -> None:
+    # T4: 4 GPUs, pinned jobs ask 3 (pressure 0.75), 1 left to the others.
+    # G2: 64 GPUs, nothing pinned. V100M32: pinned jobs ask all of it.
+    demand = task_demand([((1, frozenset({"T4"})), 1)] * 3
+                         + [((8, frozenset({"V100M32"})), 8)] + [((1, ANY), 1)])
+    capacity = {"G2": 64, "T4": 4, "V100M32": 8}
+    table = FragTable(demand, dict.fromkeys(capacity, 8), capacity)
+    assert table.pull("T4", 4) == table.pull("T4", 1) == pytest.approx(0.75)
+    assert table.pull("T4", 0) == 1.0  # its room is in use
+    assert table.pull("G2", 64) == 0.0 and table.pull("G2", 8) == pytest.approx(56 / 64)
+    assert table.pull("V100M32", 8) == float("inf")
+    # A G2 with 8 free GPUs (7/8 of it used) gives way to the T4 GPU left,
+    # where pressure alone kept it on G2 until G2 was full.
+    assert table.pull("T4", 1) < table.pull("G2", 8)
+    assert table.pressure["G2"] < table.pressure["T4"]
+
+
 def test_placements_that_leave_the_same_fragmentation_tie_exactly() -> None:
     # With 1-GPU and 8-GPU jobs only, taking one GPU from a node with 2 to
     # 7 free shrinks its fragment for the 8-GPU jobs by the same amount,

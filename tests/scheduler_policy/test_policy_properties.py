@@ -139,7 +139,7 @@ def test_what_if_plans_undo_exactly(seed: int) -> None:
 
 
 def _one_node_over_every_node(st: ClusterState, req: Request) -> int | None:
-    """The one-node rule written as a pass over every node (least pressed
+    """The one-node rule written as a pass over every node (least pulled
     model, least fragmentation added, tightest node with a partly used one
     before an empty one, fullest rack, topology order): the reference the
     class-first search must agree with."""
@@ -156,7 +156,8 @@ def _one_node_over_every_node(st: ClusterState, req: Request) -> int | None:
         rack_free = sum(c.free for rack_id, cells in st.model_racks[cell.model]
                         if rack_id == cell.rack_id for c in cells
                         if req.pools is None or c.pool in req.pools)
-        key = (table.pressure.get(cell.model, 0.0), table.delta(cell.model, free, req.slot_gpus),
+        key = (table.pull(cell.model, st.model_free[cell.model]),
+               table.delta(cell.model, free, req.slot_gpus),
                2 * free + (free == cell.top), rack_free, i)
         best = key if best is None or key < best else best
     return None if best is None else best[4]

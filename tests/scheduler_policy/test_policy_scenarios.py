@@ -222,10 +222,11 @@ S.append(Scenario(
     # Tightest-node packing put it on the 2-GPU T4 node, where the jobs pinned
     # to T4 then had to wait; nothing is pinned to G2.
     "a job that may run anywhere stays off the GPU model pinned jobs need",
-    rack("r1", 1, gpus=2, model="T4") + rack("r2", 1, model="G2"), [job("any", 1, 1)],
+    rack("r1", 1, gpus=2, model="T4") + rack("r2", 1, model="G2"),
+    [job("any", 1, 1, at=0), job("t4b", 1, 1, at=1, gpu_models={"T4"})],
     running=[running(job("t4", 1, 1, gpu_models={"T4"}), ["r1-n0"]),
              running(job("g", 1, 6), ["r2-n0"])],
-    placed={"any": ["r2-n0"]}))
+    placed={"any": ["r2-n0"], "t4b": ["r1-n0"]}))
 S.append(Scenario(
     # The T4 rack is the tighter fit, but a job pinned to T4 needs it.
     "a gang that may run anywhere stays off the GPU model pinned jobs need",

@@ -100,6 +100,20 @@ S.append(Scenario(
     config=SchedulerConfig(max_reservations=1), reserved={"big1": {"r1-n2"}}))
 
 S.append(Scenario(
+    # By pressure alone (GPUs pinned jobs ask per GPU of the model) the
+    # flexible job took the empty G2 node, nothing being pinned to G2, while
+    # the T4 GPUs its pinned jobs leave sat idle. On the gpuspec20 replay at
+    # load 1 flexible jobs filled every G2 node that way while half of T4
+    # stayed free, and 8-GPU tasks waited 281 s against first-fit's 165 s.
+    "a job that may run anywhere takes idle GPUs of a pinned model before the last empty node",
+    rack("r1", 4, gpus=2, model="T4") + rack("r2", 3, model="G2"),
+    [job("any", 1, 1, prio="high", at=0), job("big", 1, 8, at=1)],
+    running=[running(job("t0", 1, 2, gpu_models={"T4"}), ["r1-n0"]),
+             running(job("t1", 1, 2, gpu_models={"T4"}), ["r1-n1"]),
+             running(job("g0", 1, 8), ["r2-n0"]), running(job("g1", 1, 8), ["r2-n1"])],
+    placed={"any": ["r1-n2"], "big": ["r2-n2"]}))
+
+S.append(Scenario(
     # "big" claimed the four free GPUs of r1-n0 (drained soonest), so "h1"
     # found only two GPUs on each of two nodes and the cycle remembered
     # that its shape does not fit. In its turn "big" gave the claim back and

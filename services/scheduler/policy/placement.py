@@ -110,9 +110,9 @@ def _find(state: ClusterState, req: Request, *, choose: bool = True) -> Found | 
         if chosen is None:
             continue
         # Across GPU models: fewest racks, switches and most preferred nodes
-        # first, then the least pressed model, then the tightest fit.
+        # first, then the least pulled model, then the tightest fit.
         racks, switches, pref, score = chosen[0]
-        key = (racks, switches, pref, frag.pressure.get(model, 0.0) if frag else 0.0, score)
+        key = (racks, switches, pref, frag.pull(model, model_free) if frag else 0.0, score)
         if best is None or key < best[0]:
             best = (key, model, chosen[1])
     if best is None:
@@ -129,7 +129,7 @@ def _find(state: ClusterState, req: Request, *, choose: bool = True) -> Found | 
 
 
 def _find_one_node(state: ClusterState, req: Request, table: FragTable) -> Found | Shortfall:
-    """A single slot: the least pressed GPU model, then the node whose
+    """A single slot: the least pulled GPU model, then the node whose
     fragmentation for the expected mix grows least; ties go to the tightest
     node (a partly used one before an empty one), then the fullest rack,
     then topology order.
@@ -145,11 +145,11 @@ def _find_one_node(state: ClusterState, req: Request, table: FragTable) -> Found
     for model in req.models:
         if state.model_free.get(model, 0) < sg:
             continue
-        pressure = table.pressure.get(model, 0.0)
+        pull = table.pull(model, state.model_free[model])
         classes = state.model_counts[model].classes
         for c in range(2 * sg, len(classes)):
             if classes[c]:
-                ranked.append((pressure, table.delta(model, c >> 1, sg), c, model))
+                ranked.append((pull, table.delta(model, c >> 1, sg), c, model))
     ranked.sort()
     start = 0
     while start < len(ranked):
