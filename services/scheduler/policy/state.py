@@ -278,15 +278,20 @@ class ClusterState:
             self._log.append((self._attach_hold, (held,)))
         return held
 
+    # A reservation names every node it drains, most with nothing held yet
+    # (0 GPUs); skipping those keeps a backfill what-if, which unholds and
+    # holds every reservation, from costing a pass over hundreds of nodes.
     def _attach_hold(self, held: Hold) -> None:
         self.holds[held.name] = held
         for i, g in held.per_node.items():
-            self._add_free(i, -g)
+            if g:
+                self._add_free(i, -g)
 
     def _detach_hold(self, name: str) -> Hold:
         held = self.holds.pop(name)
         for i, g in held.per_node.items():
-            self._add_free(i, g)
+            if g:
+                self._add_free(i, g)
         return held
 
     def mask(self, i: int) -> None:
