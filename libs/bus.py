@@ -86,9 +86,17 @@ BODY_SHA256_HEADER = "Primus-Body-Sha256"  # and the digest of the whole body
 MAX_REASON_CHARS = 1000
 # Room left under the server's limit for the protocol's own framing.
 PAYLOAD_MARGIN = 64
-# JetStream's "insufficient resources": a cluster that has not yet heard
-# from enough of its members to place a replicated stream.
+# JetStream's answers while a cluster settles, each of which goes away once
+# every member has been heard from: "no suitable peers for placement" (a
+# member that has just started, or missed its last report under load, counts
+# as offline) and "insufficient resources" (too few members known yet to
+# place a replicated stream).
+NO_SUITABLE_PEERS = 10005
 INSUFFICIENT_RESOURCES = 10023
+SETTLING_ERRORS = frozenset({NO_SUITABLE_PEERS, INSUFFICIENT_RESOURCES})
+# "stream name already in use with a different configuration": the stream is
+# there, and its update moves it to this configuration.
+STREAM_NAME_IN_USE = 10058
 # How long a stop waits for requests being answered.
 STOP_WAIT_S = 5.0
 E = TypeVar("E", bound=Event)
@@ -183,6 +191,15 @@ def _refused_request(exc: Exception) -> dict[str, Any]:
 def _retrieved(task: asyncio.Task[Any]) -> None:
     if not task.cancelled():
         task.exception()
+
+
+def settling(exc: Exception) -> bool:
+    """Whether a failed JetStream request is one a cluster still settling
+    gives (no answer, no responders, 503, or ``SETTLING_ERRORS``), worth
+    asking again for a while, rather than a refusal that stands."""
+    if not isinstance(exc, nats.js.errors.APIError):
+        return isinstance(exc, _NOT_READY)
+    return exc.code == 503 or exc.err_code in SETTLING_ERRORS
 
 
 def _unrecoverable(exc: Exception) -> bool:
@@ -369,9 +386,7 @@ class Bus:
             try:
                 return await self._declare(replicas)
             except (*_NOT_READY, nats.js.errors.APIError) as exc:
-                waiting = not isinstance(exc, nats.js.errors.APIError) or (
-                    exc.code == 503 or exc.err_code == INSUFFICIENT_RESOURCES)
-                if not waiting or asyncio.get_running_loop().time() > deadline:
+                if not settling(exc) or asyncio.get_running_loop().time() > deadline:
                     raise
                 self._log.warning("JetStream not ready; declaring the topology again",
                                   error=str(exc) or type(exc).__name__)
@@ -381,7 +396,9 @@ class Bus:
         for spec in STREAMS:
             try:
                 await self.js.add_stream(spec.config(replicas))
-            except nats.js.errors.BadRequestError:
+            except nats.js.errors.BadRequestError as exc:
+                if exc.err_code != STREAM_NAME_IN_USE:
+                    raise  # not there: an update would only hide why
                 await self.js.update_stream(spec.config(replicas))
         for bucket in BUCKETS:
             await self.js.create_key_value(api.KeyValueConfig(
