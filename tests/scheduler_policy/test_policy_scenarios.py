@@ -243,9 +243,11 @@ S.append(Scenario(
              running(job("y", 1, 5, prio="high"), ["r1-n1"])],
     placed={"one": ["r1-n1"], "two": ["r1-n0"], "two-b": ["r1-n1"]}))
 S.append(Scenario(
+    # A FIFO queue, so that the jobs are placed one by one in their order (a
+    # balance queue starts the 2-GPU jobs first where two GPUs are free).
     "tightest node when fragmentation-aware placement is off", rack("r1", 2),
     [job("one", 1, 1, at=0), job("two", 1, 2, at=1), job("two-b", 1, 2, at=2)],
-    workspaces=BALANCE, config=SchedulerConfig(fragmentation_aware=False),
+    config=SchedulerConfig(fragmentation_aware=False),
     running=[running(job("x", 1, 6, prio="high"), ["r1-n0"]),
              running(job("y", 1, 5, prio="high"), ["r1-n1"])],
     placed={"one": ["r1-n0"], "two": ["r1-n1"]}, pending_codes={"two-b": "capacity"}))

@@ -20,7 +20,9 @@ reservation goes to the first blocked job in queue order, except that in a
 ``whole_node_holds``) claim a reservation each, ahead of it.
 When the nodes held for a job last cycle can hold it, it starts there
 first; then jobs that fill whole nodes start on wholly free ones, before
-smaller jobs of higher priority could break those nodes up (balance queues
+smaller jobs of higher priority could break those nodes up, and one-node
+jobs of several GPUs start where that many are free together on a node
+already in use, before one-GPU jobs take them one by one (balance queues
 only).
 """
 
@@ -110,12 +112,14 @@ class Cycle:
         return self.explain()
 
     def admit(self) -> None:
-        """Start the jobs whose drained nodes are now free, then decide
-        every queued job, in order."""
+        """Start the jobs whose drained nodes are now free, the whole-node
+        jobs and the several-GPU jobs that fit without breaking up a node,
+        then decide every queued job, in order."""
 
         def run() -> None:
             self._honour_drains()
-            self._whole_nodes_first()
+            stopped = self._whole_nodes_first()
+            self._several_gpus_together(stopped)
             for job in self.queue:
                 if job.id not in self.outcomes:
                     self.decide(job)
@@ -145,7 +149,7 @@ class Cycle:
                 self._commit(allowed, found, PLACED)
                 self.outcomes[owner] = Outcome("placed")
 
-    def _whole_nodes_first(self) -> None:
+    def _whole_nodes_first(self) -> dict[str, set[str]]:
         """Jobs whose every slot fills a whole node start first, in queue
         order, on nodes that are wholly free now (no preemption, no holds).
 
@@ -201,6 +205,80 @@ class Cycle:
             elif allowed is not None and self._may_claim(job.workspace):
                 self._claimed.add(job.id)
                 self._reserve(allowed)
+        return stopped
+
+    def _several_gpus_together(self, stopped: dict[str, set[str]]) -> None:
+        """One-node jobs of several GPUs, but less than a whole node, start
+        next, in queue order, where their GPUs are free together on a node
+        already in use. ``stopped``: per queue, the GPU models of the gangs
+        ``_whole_nodes_first`` found blocked.
+
+        A one-GPU job takes any GPU that frees up; a 4-GPU job needs four
+        free on one node at once. Decided strictly by priority, a stream
+        of one-GPU high-priority jobs took every GPU as it freed, and the
+        2- and 4-GPU jobs of lower priority waited until the stream ended,
+        then again until the one-to-three-GPU holes the stream left behind
+        merged. Replaying ``multigpu30`` at load 1, a 4-GPU job was the
+        smallest one waiting for 8.5% of the time that tasks queued, while
+        134 GPUs sat free on average; allocation while tasks queued was
+        0.992 against FIFO first-fit's 0.999. The jobs behind take the
+        next GPUs that free up anywhere instead.
+
+        Such a job does not open an empty node here (whole-node jobs need
+        those, and in its turn it still may), take GPUs of a node drained
+        for a blocked job, or pass a job of its queue that will hold the GPU
+        models it competes for: a blocked gang, or the first job found not
+        to fit while the queue holds nothing (it holds what it waits for in
+        its turn, and the job behind would outlast it there). It goes after
+        the whole-node jobs, whose claims hold their drains first. FIFO
+        queues keep strict order."""
+        st = self.state
+        waiting = {ws: set(models) for ws, models in stopped.items()}
+        for job in self.queue:
+            if job.id in self.outcomes or job.gpus < 2:
+                continue
+            ws = st.workspaces.get(job.workspace)
+            if ws is None or ws.queue_policy == "fifo":
+                continue
+            req = self._request(job)
+            if isinstance(req, Outcome) or req.slots > 1 or req.slot_gpus < 2 \
+                    or req.slot_gpus >= max(st.model_max_gpus[m] for m in req.models):
+                continue
+            competes = waiting.setdefault(job.workspace, set())
+            allowed, _ = quota.within(st, req, self._quota_reserved)
+            if allowed is None or not competes.isdisjoint(req.models):
+                continue
+            on_used, on_empty = self._free_together(allowed)
+            found = self._found_free(allowed) if on_used else None
+            if found is None:
+                # Fits nowhere now: the queue's first such job holds what it
+                # waits for in its turn.
+                if (on_used or not on_empty) and self._may_reserve(job.workspace):
+                    competes.update(req.models)
+                continue
+            drained = self._drained_for_others(allowed)
+            if all(st.free[i] < st.gpus[i] and i not in drained for i in found.per_node):
+                self._commit(allowed, found, PLACED)
+                self.outcomes[job.id] = Outcome("placed")
+
+    def _free_together(self, req: Request) -> tuple[bool, bool]:
+        """Whether nodes of the job's GPU models have ``slot_gpus`` free: a
+        node already in use, and an empty one. Read from the per-model
+        class counters (pools and excluded nodes aside), so that a job with
+        no room on a used node costs no search."""
+        on_used = on_empty = False
+        for model in req.models:
+            counts = self.state.model_counts.get(model)
+            if counts is None:
+                continue
+            classes = counts.classes
+            for c in range(2 * req.slot_gpus, len(classes)):
+                if classes[c]:
+                    if c & 1:
+                        on_empty = True
+                    else:
+                        on_used = True
+        return on_used, on_empty
 
     def decide(self, job: Job) -> str:
         """Nominate, place tentatively, commit or block one job; its code."""
@@ -298,19 +376,25 @@ class Cycle:
             self._remember_failure("term", req)
         return None
 
-    def _place_free(self, req: Request) -> bool:
-        """Place ``req`` on GPUs free now (nothing held lent, nobody
-        preempted), steered off nodes drained for others; False if it does
-        not fit (remembered for the cycle, so its shape is not tried again)."""
+    def _found_free(self, req: Request) -> Found | None:
+        """Where ``req`` fits on GPUs free now (nothing held lent, nobody
+        preempted), steered off nodes drained for others; None if nowhere
+        (remembered for the cycle, so its shape is not tried again)."""
         st = self.state
         if st.free_gpus(req.models, req.pools) < req.need or self._known_failure("free", req):
-            return False
+            return None
         found = find_placement(st, req)
         if isinstance(found, Found):
-            self._commit(req, self._steer(req, found), PLACED)
-            return True
+            return self._steer(req, found)
         self._remember_failure("free", req)
-        return False
+        return None
+
+    def _place_free(self, req: Request) -> bool:
+        """Place ``req`` where ``_found_free`` finds room; False if nowhere."""
+        found = self._found_free(req)
+        if found is not None:
+            self._commit(req, found, PLACED)
+        return found is not None
 
     def _carried_reservations(self, snapshot: Snapshot) -> dict[str, list[int]]:
         """Last cycle's reservations whose owner still waits: node indices."""
@@ -322,8 +406,7 @@ class Cycle:
     def _steer(self, req: Request, found: Found) -> Found:
         """Move a placement off nodes being drained for a blocked job when
         it fits as well (no more racks) elsewhere."""
-        avoid = {i for owner, nodes in self._drains.items()
-                 if owner != req.job.id and owner not in self.placements for i in nodes}
+        avoid = self._drained_for_others(req)
         if not avoid or found.per_node.keys().isdisjoint(avoid) \
                 or self._known_failure("steer", req):
             return found
@@ -335,6 +418,12 @@ class Cycle:
             return other if other.racks <= found.racks else found
         self._remember_failure("steer", req)
         return found
+
+    def _drained_for_others(self, req: Request) -> set[int]:
+        """Nodes held last cycle for a blocked job other than ``req``'s that
+        has not started yet."""
+        return {i for owner, nodes in self._drains.items()
+                if owner != req.job.id and owner not in self.placements for i in nodes}
 
     def _with_lent(self, req: Request, holds: list[Hold], kind: str, *,
                    waits_on: Sequence[Hold] = ()) -> Found | None:
