@@ -28,7 +28,7 @@ only).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import TypeVar
 
@@ -183,15 +183,8 @@ class Cycle:
         and the job decided afresh (see ``decide``)."""
         st = self.state
         stopped: dict[str, set[str]] = {}
-        for job in self.queue:
-            if job.id in self.outcomes:
-                continue
-            ws = st.workspaces.get(job.workspace)
-            if ws is None or ws.queue_policy == "fifo":
-                continue
-            req = self._request(job)
-            if isinstance(req, Outcome) \
-                    or req.slot_gpus < max(st.model_max_gpus[m] for m in req.models):
+        for job, req in self._balance_jobs():
+            if not self._fills_node(req):
                 continue
             blocked = stopped.setdefault(job.workspace, set())
             if not blocked.isdisjoint(req.models):
@@ -234,15 +227,8 @@ class Cycle:
         queues keep strict order."""
         st = self.state
         waiting = {ws: set(models) for ws, models in stopped.items()}
-        for job in self.queue:
-            if job.id in self.outcomes or job.gpus < 2:
-                continue
-            ws = st.workspaces.get(job.workspace)
-            if ws is None or ws.queue_policy == "fifo":
-                continue
-            req = self._request(job)
-            if isinstance(req, Outcome) or req.slots > 1 or req.slot_gpus < 2 \
-                    or req.slot_gpus >= max(st.model_max_gpus[m] for m in req.models):
+        for job, req in self._balance_jobs(min_gpus=2):
+            if req.slots > 1 or req.slot_gpus < 2 or self._fills_node(req):
                 continue
             competes = waiting.setdefault(job.workspace, set())
             allowed, _ = quota.within(st, req, self._quota_reserved)
@@ -261,6 +247,24 @@ class Cycle:
                 self._commit(allowed, found, PLACED)
                 self.outcomes[job.id] = Outcome("placed")
 
+    def _balance_jobs(self, min_gpus: int = 0) -> Iterator[tuple[Job, Request]]:
+        """The jobs of balance queues not decided yet, in queue order, with
+        their requests; ``min_gpus`` skips smaller jobs before their request
+        is built."""
+        for job in self.queue:
+            if job.id in self.outcomes or job.gpus < min_gpus:
+                continue
+            ws = self.state.workspaces.get(job.workspace)
+            if ws is None or ws.queue_policy == "fifo":
+                continue
+            req = self._request(job)
+            if not isinstance(req, Outcome):
+                yield job, req
+
+    def _fills_node(self, req: Request) -> bool:
+        """Whether each slot takes a node as large as any of its models has."""
+        return req.slot_gpus >= max(self.state.model_max_gpus[m] for m in req.models)
+
     def _free_together(self, req: Request) -> tuple[bool, bool]:
         """Whether nodes of the job's GPU models have ``slot_gpus`` free: a
         node already in use, and an empty one. Read from the per-model
@@ -269,15 +273,9 @@ class Cycle:
         on_used = on_empty = False
         for model in req.models:
             counts = self.state.model_counts.get(model)
-            if counts is None:
-                continue
-            classes = counts.classes
-            for c in range(2 * req.slot_gpus, len(classes)):
-                if classes[c]:
-                    if c & 1:
-                        on_empty = True
-                    else:
-                        on_used = True
+            if counts is not None:
+                used, empty = counts.room(req.slot_gpus)
+                on_used, on_empty = on_used or used, on_empty or empty
         return on_used, on_empty
 
     def decide(self, job: Job) -> str:

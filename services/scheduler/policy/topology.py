@@ -70,6 +70,18 @@ class ModelCounts:
                     if n:
                         self.tally(r, cell.node_class(f), n)
 
+    def room(self, gpus: int) -> tuple[bool, bool]:
+        """Whether some counted node has ``gpus`` free or more: one already
+        in use, and one wholly free (see ``Cell.node_class``)."""
+        on_used = on_empty = False
+        for c in range(2 * gpus, len(self.classes)):
+            if self.classes[c]:
+                if c & 1:
+                    on_empty = True
+                else:
+                    on_used = True
+        return on_used, on_empty
+
     def tally(self, rack_id: int, node_class: int, delta: int) -> None:
         """``delta`` more nodes of ``node_class`` in the rack."""
         self.classes[node_class] += delta
