@@ -151,6 +151,24 @@ S.append(Scenario(
     placed={"any": ["r1-n2"], "big": ["r2-n2"]}))
 
 S.append(Scenario(
+    # "big3" may run only on G3 and waits for r3-n0, whose job is expected
+    # to end first. By pull alone, G3 (half asked for by pinned jobs) came
+    # before G2 (more of it in use) and the flexible job took a GPU of
+    # r3-n1, so neither G3 node could empty. On the gpuspec25 replays one
+    # G3-pinned 8-GPU task waited 17,339 s against first-fit's 7,001 s while
+    # flexible tasks kept landing on G3. A model a pinned job waits for is a
+    # flexible job's last choice.
+    "a job that may run anywhere stays off a GPU model a pinned job waits for",
+    rack("r2", 2, model="G2") + rack("r3", 2, model="G3"),
+    [job("big3", 1, 8, at=0, gpu_models={"G3"}), job("any", 1, 1, prio="high", at=1)],
+    workspaces=BALANCE,
+    running=[running(job("long", 1, 8), ["r3-n0"], started=NOW - 3600),
+             running(job("old", 1, 1), ["r3-n1"], started=NOW - 36000),
+             running(job("g6", 1, 6), ["r2-n0"]), running(job("g4", 1, 4), ["r2-n1"])],
+    carried={"big3": ["r3-n0"]}, placed={"any": ["r2-n0"]},
+    pending_codes={"big3": "capacity"}, reserved={"big3": {"r3-n0"}}))
+
+S.append(Scenario(
     # "big" claimed the four free GPUs of r1-n0 (drained soonest), so "h1"
     # found only two GPUs on each of two nodes and the cycle remembered
     # that its shape does not fit. In its turn "big" gave the claim back and

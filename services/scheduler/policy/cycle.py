@@ -87,11 +87,13 @@ class Cycle:
             snapshot.nodes, snapshot.workspaces, snapshot.running))
         self.queue: list[Job] = self._timed("order", lambda: order_queue(
             snapshot.pending, config.priorities, (a.job.id for a in snapshot.running)))
+        self._drains = self._carried_reservations(snapshot)
         if config.fragmentation_aware:
             jobs = [*(a.job for a in snapshot.running), *self.queue]
             self.state.frag = FragTable(
                 task_demand(((slot_layout(j)[1], j.gpu_models), j.gpus) for j in jobs),
-                self.state.model_max_gpus, self.state.model_capacity())
+                self.state.model_max_gpus, self.state.model_capacity(),
+                self._waited_for_whole())
         self.placements: dict[str, tuple[Slot, ...]] = {}
         self.nominations: dict[str, tuple[Slot, ...]] = {}
         self.preemptions: list[Preemption] = []
@@ -103,7 +105,6 @@ class Cycle:
         self._preemption_attempts = 0
         self._failed: dict[tuple[object, ...], int] = {}
         self._victim_pool: list[Alloc] | None = None
-        self._drains = self._carried_reservations(snapshot)
 
     # -- the steps ------------------------------------------------------------
 
@@ -400,6 +401,20 @@ class Cycle:
         index = self.state.index
         return {owner: [index[n] for n in names if n in index]
                 for owner, names in sorted(snapshot.reservations.items()) if owner in waiting}
+
+    def _waited_for_whole(self) -> set[str]:
+        """GPU models that a job pinned to them, needing a whole node of
+        them, held last cycle and still waits for. A node of such a model
+        empties only if nothing new lands on it; jobs that may run
+        elsewhere go there last (``FragTable.pull``)."""
+        models = self.state.model_max_gpus
+        out: set[str] = set()
+        for job in self.queue:
+            pinned = job.gpu_models
+            if job.id in self._drains and pinned and not pinned >= models.keys() \
+                    and slot_layout(job)[1] >= max(models.get(m, 0) for m in pinned):
+                out |= pinned
+        return out
 
     def _steer(self, req: Request, found: Found) -> Found:
         """Move a placement off nodes being drained for a blocked job when
