@@ -14,10 +14,10 @@ same run. All three are measured on GPU allocation over time, over the
 whole arrival window and over its contended part (while tasks queue),
 queueing delay per priority and per size class (1, 2-4, 5-7, 8, >8 GPUs),
 GPU-weighted wait, job completion time (arrival to end), fragmentation
-(free GPUs stranded on partly used nodes, over the whole window and while
-tasks queue), GPUs held idle for blocked jobs (the policy's reservations)
-and preemptions, and drawn in one PNG (needs
-matplotlib). The JSON line holds every figure with its ratio to each
+(free GPUs stranded on partly used nodes, over the whole window, while
+tasks queue, and while tasks queue under all three), GPUs held idle for
+blocked jobs (the policy's reservations) and preemptions, and drawn in one
+PNG (needs matplotlib). The JSON line holds every figure with its ratio to each
 baseline.
 
 The trace's whole-GPU tasks ask for far less than its 6,212 GPUs (peak ~60
@@ -340,6 +340,43 @@ def goals(pol: dict[str, Any], ff: dict[str, Any], bf: dict[str, Any]) -> dict[s
     }
 
 
+def shared_contention(runs: dict[str, Metrics], window: float) -> dict[str, dict[str, Any]]:
+    """Per run, over the part of the window in which every run has tasks
+    queued: that part's share of the window, and the run's allocation and
+    stranded share of free GPUs there (None when there is no such part).
+
+    Each run's own "while tasks queue" figures weigh a different stretch of
+    the replay: a scheduler that queues less, and at busier times, is
+    measured where fewer GPUs are free and more of those are stranded. Over
+    the stretch they all queue, the figures compare placement alone."""
+    names = list(runs)
+    samples = {n: [s for s in runs[n].samples if s[0] < window] for n in names}
+    times = sorted({s[0] for n in names for s in samples[n]} | {window})
+    at = dict.fromkeys(names, -1)
+    shared = 0.0
+    sums = {n: [0.0, 0.0] for n in names}
+    for start, end in zip(times, times[1:], strict=False):
+        now: dict[str, tuple[float, ...]] = {}
+        for n in names:
+            seq = samples[n]
+            while at[n] + 1 < len(seq) and seq[at[n] + 1][0] <= start:
+                at[n] += 1
+            if at[n] >= 0:
+                now[n] = seq[at[n]]
+        if len(now) < len(names) or not all(s[3] > 0 for s in now.values()):
+            continue
+        w = end - start
+        shared += w
+        for n, s in now.items():
+            sums[n][0] += w * s[1]
+            sums[n][1] += w * s[2]
+    span = window - min((s[0] for seq in samples.values() for s in seq[:1]), default=window)
+    return {n: {"shared_contended_share": shared / span if span > 0 else 0.0,
+                "shared_contended_allocation": sums[n][0] / shared if shared else None,
+                "shared_contended_stranded_free": sums[n][1] / shared if shared else None}
+            for n in names}
+
+
 def compare(nodes_csv: Path, pods_csv: Path, *, speedup: float, load: float,
             node_fraction: float, rack_size: int, cycle_s: float, min_runtime_s: float,
             plot_to: Path | None) -> dict[str, Any]:
@@ -360,7 +397,8 @@ def compare(nodes_csv: Path, pods_csv: Path, *, speedup: float, load: float,
         runs[name] = replay(nodes, tasks, policy=name, cycle_s=cycle_s)
         wall[name] = time.perf_counter() - t0
     window = max(scheduling_window(m, tasks) for m in runs.values())
-    figures = {name: summarise(m, tasks, window) for name, m in runs.items()}
+    shared = shared_contention(runs, window)
+    figures = {name: {**summarise(m, tasks, window), **shared[name]} for name, m in runs.items()}
     pol, ff, bf = (figures[n] for n in SCHEDULERS)
     where = plot(plot_to, runs, window) if plot_to is not None else "not drawn"
     ratios = {key: {"first_fit": _ratio(value, ff.get(key)),
@@ -402,6 +440,7 @@ def table(results: list[dict[str, Any]]) -> str:
             ("GPU-weighted wait s", "gpu_weighted_mean_wait_s", "{:,.0f}"),
             (">=8-GPU mean wait s", "8gpu_mean_wait_s", "{:,.0f}"),
             ("stranded free while queued", "contended_stranded_free", "{:.3f}"),
+            ("stranded free while all queue", "shared_contended_stranded_free", "{:.3f}"),
             ("reserved idle", "reserved_idle_share", "{:.4f}")]
     out = ["| trace | load | " + " | ".join(c[0] for c in cols) + " |",
            "|---|---|" + "---|" * len(cols)]

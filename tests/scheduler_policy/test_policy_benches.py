@@ -172,6 +172,28 @@ def test_the_figures_that_separate_policies(tmp_path: Path) -> None:
             assert fig["reserved_idle_share"] == fig["mean_reserved_free"] == 0
 
 
+def test_shared_contention_weighs_only_the_stretch_every_run_queues() -> None:
+    # (time, allocated, stranded share, queue length, reserved, reserved idle)
+    a, b = trace.Metrics(), trace.Metrics()
+    a.samples = [(0.0, 0.2, 0.1, 0, 0, 0), (10.0, 0.9, 0.5, 3, 0, 0),
+                 (20.0, 0.4, 0.3, 0, 0, 0), (40.0, 0.0, 0.0, 0, 0, 0)]
+    b.samples = [(0.0, 0.3, 0.2, 2, 0, 0), (15.0, 0.8, 0.6, 1, 0, 0),
+                 (30.0, 0.1, 0.0, 0, 0, 0), (40.0, 0.0, 0.0, 0, 0, 0)]
+    shared = trace.shared_contention({"a": a, "b": b}, 40.0)
+    # Both queue in [10, 20): a at 0.9 / 0.5 throughout, b at 0.3 / 0.2 for
+    # 5 s, then 0.8 / 0.6 for 5 s.
+    assert shared["a"]["shared_contended_share"] == shared["b"]["shared_contended_share"] == 0.25
+    assert shared["a"]["shared_contended_allocation"] == pytest.approx(0.9)
+    assert shared["a"]["shared_contended_stranded_free"] == pytest.approx(0.5)
+    assert shared["b"]["shared_contended_allocation"] == pytest.approx(0.55)
+    assert shared["b"]["shared_contended_stranded_free"] == pytest.approx(0.4)
+    # Never queued at the same time: nothing to compare.
+    b.samples = [(0.0, 0.3, 0.2, 2, 0, 0), (10.0, 0.1, 0.0, 0, 0, 0), (40.0, 0.0, 0.0, 0, 0, 0)]
+    none = trace.shared_contention({"a": a, "b": b}, 40.0)
+    assert none["a"]["shared_contended_share"] == 0.0
+    assert none["a"]["shared_contended_stranded_free"] is None
+
+
 def test_the_scheduling_window_runs_to_the_last_start(tmp_path: Path) -> None:
     nodes, pods = _tiny_cluster(tmp_path)
     tasks, _ = trace.load_tasks(pods, speedup=1, min_runtime_s=0)
