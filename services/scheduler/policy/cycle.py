@@ -229,7 +229,7 @@ class Cycle:
         st = self.state
         waiting = {ws: set(models) for ws, models in stopped.items()}
         for job, req in self._balance_jobs(min_gpus=2):
-            if req.slots > 1 or req.slot_gpus < 2 or self._fills_node(req):
+            if req.slots > 1 or self._fills_node(req):
                 continue
             competes = waiting.setdefault(job.workspace, set())
             allowed, _ = quota.within(st, req, self._quota_reserved)
@@ -407,13 +407,14 @@ class Cycle:
         them, held last cycle and still waits for. A node of such a model
         empties only if nothing new lands on it; jobs that may run
         elsewhere go there last (``FragTable.pull``)."""
-        models = self.state.model_max_gpus
+        every = self.state.model_max_gpus.keys()
         out: set[str] = set()
         for job in self.queue:
-            pinned = job.gpu_models
-            if job.id in self._drains and pinned and not pinned >= models.keys() \
-                    and slot_layout(job)[1] >= max(models.get(m, 0) for m in pinned):
-                out |= pinned
+            if job.id not in self._drains or not job.gpu_models or job.gpu_models >= every:
+                continue
+            req = self._request(job)
+            if not isinstance(req, Outcome) and self._fills_node(req):
+                out.update(req.models)
         return out
 
     def _steer(self, req: Request, found: Found) -> Found:
