@@ -3,8 +3,9 @@ when the server they are on dies: the bus, the lean pull connection and
 failover's heartbeat listener each go on through another member by
 themselves, even when they were given one server's URL only (the others are
 the ones the cluster announced), and the login that rode in that URL still
-signs them in there. A durable consumer started, or a KV bucket asked for,
-while the cluster has lost its quorum is there once the quorum is back."""
+signs them in there. The topology declared, a durable consumer started or a
+KV bucket asked for while the cluster has lost its quorum is there once the
+quorum is back."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from libs.beats import BeatListener
 from libs.bus import CONTROL, Bus
 from libs.embedded import NatsCluster, NatsServer
 from libs.events import AgentStoppingData, Event, HeartbeatData, NodeAgentStopping, NodeHeartbeat
+from libs.topology import BUCKETS, STREAMS
 from tests.helpers import until
 
 
@@ -174,5 +176,31 @@ async def test_a_bucket_asked_for_without_a_quorum_is_handed_over_when_the_quoru
         jobs = await asyncio.wait_for(asked, 60)
         await until(lambda: jobs.put("j1", b"{}"), "a write to the bucket", 30)
         assert (await jobs.get("j1")).value == b"{}"
+    finally:
+        await bus.close()
+
+
+async def test_the_topology_declared_without_a_quorum_is_made_when_the_quorum_is_back(
+        nats_cluster: NatsCluster) -> None:
+    """The first thing every service does at start, on a cluster whose
+    other two members are still down (a rolling restart of the NATS pods):
+    each declaration times out or is answered 503. ``ensure_topology`` asks
+    again until the members are back, then every stream and bucket exists
+    with its three replicas, instead of ending the service's start with the
+    first refusal."""
+    first, *others = nats_cluster.servers
+    for server in others:
+        server.kill()
+    bus = await Bus.connect(first.url, "test")
+    try:
+        declared = asyncio.create_task(bus.ensure_topology(3))
+        await asyncio.sleep(3.0)
+        assert not declared.done(), declared.exception() if declared.done() else None
+        for server in others:
+            await asyncio.to_thread(server.start)
+        await asyncio.wait_for(declared, 60)
+        for stream in [*(s.name for s in STREAMS), *(f"KV_{b.name}" for b in BUCKETS)]:
+            info = await bus.js.stream_info(stream)
+            assert info.config.num_replicas == 3, stream
     finally:
         await bus.close()
