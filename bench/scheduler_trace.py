@@ -473,7 +473,9 @@ def main() -> None:
     parser.add_argument("--rack-size", type=_at_least_one, default=32)
     parser.add_argument("--cycle-s", type=_positive, default=10.0)
     parser.add_argument("--min-runtime-s", type=float, default=600.0)
-    parser.add_argument("--plot", type=Path, default=RESULTS / "scheduler_trace.png")
+    parser.add_argument("--plot", type=Path, default=RESULTS / "scheduler_trace.png",
+                        help="where one replay draws its plot (--all draws one per trace, "
+                             "bench/results/scheduler_trace_<trace>.png)")
     args = parser.parse_args()
     try:
         _run(args)
