@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -92,6 +93,17 @@ SUSPECT_RECHECK_S = 2.0  # how often a silent node whose workers ran is asked ag
 CHECK_PERIOD_S = 0.05  # how often silence is judged
 
 
+@dataclass(slots=True)
+class Suspect:
+    """A node whose agent fell silent while the driver saw its workers run."""
+
+    missed: MissedHeartbeat
+    asked: float
+    """When the driver was last asked (monotonic s)."""
+    seen_running: float
+    """When it last said the workers run (monotonic s)."""
+
+
 def judge_period_s(interval_s: float) -> float:
     """How often silence is judged: twenty times a second, and at least four
     times per beat interval (so the judge's look-ahead, two periods, stays
@@ -131,7 +143,11 @@ class Failover:
         self.kv: Records[FaultRecord] | None = None
         self._unsent: list[Decision] = []  # made, not yet published and recorded
         # Silent agents whose node's workers still ran when asked: watched, not evacuated.
-        self.suspects: dict[str, tuple[MissedHeartbeat, float]] = {}
+        self.suspects: dict[str, Suspect] = {}
+        # The driver answers through the scheduler leader; a new leader
+        # takes over within one lease, so twice that without its word is
+        # more than a restart of the scheduler or of NATS.
+        self.no_word_s = 2.0 * settings.leader_ttl_s
         self._sending = asyncio.Lock()
         self._task: asyncio.Task[None] | None = None
         self.beats: BeatListener | None = None
@@ -347,21 +363,38 @@ class Failover:
         the node is watched (asked again) instead of evacuated."""
         jobs = self._jobs_on(missed.node)
         if jobs and await self._workers_alive(missed.node):
-            self.suspects[missed.node] = (missed, time.monotonic())
+            now = time.monotonic()
+            self.suspects[missed.node] = Suspect(missed, asked=now, seen_running=now)
             self._log.warning("agent silent but its node's workers run; not evacuating",
                               node=missed.node, jobs=jobs, silent_s=round(missed.overdue_s, 1))
             return
         await self._open_silent(missed, "")
 
     async def _recheck_suspects(self) -> None:
-        for node, (missed, asked) in list(self.suspects.items()):
-            if time.monotonic() - asked < SUSPECT_RECHECK_S:
+        """Ask again about each silent node whose workers ran. The driver
+        saying they stopped opens the fault; no word keeps the node
+        watched: right after a NATS or scheduler restart nobody answers
+        for a moment (a chaos run evacuated a node whose agent was
+        restarting, 0.4 s after NATS came back), and without a scheduler
+        nothing could be moved anyway. No word for ``no_word_s`` counts
+        as stopped."""
+        for node, suspect in list(self.suspects.items()):
+            now = time.monotonic()
+            if now - suspect.asked < SUSPECT_RECHECK_S:
                 continue
-            if await self._workers_alive(node):
-                self.suspects[node] = (missed, time.monotonic())
+            alive = await self._workers_alive(node)
+            now = time.monotonic()
+            suspect.asked = now
+            if alive:
+                suspect.seen_running = now
+                continue
+            unheard_s = now - suspect.seen_running
+            if alive is None and unheard_s < self.no_word_s:
                 continue
             del self.suspects[node]
-            await self._open_silent(missed, "; its workers have stopped too")
+            await self._open_silent(suspect.missed, "; its workers have stopped too"
+                                    if alive is False else
+                                    f"; no word on its workers for {unheard_s:.0f} s")
 
     async def _open_silent(self, missed: MissedHeartbeat, more: str) -> None:
         now = time.time()
@@ -371,9 +404,11 @@ class Failover:
                    f"(limit {self.monitor.deadline_s:.1f} s){more}",
             jobs=self._jobs_on(missed.node), last_good=missed.last_seen))
 
-    async def _workers_alive(self, node: str) -> bool:
-        """The driver's word (through the scheduler); no answer is no evidence
-        of life: the node is judged by its heartbeats alone."""
+    async def _workers_alive(self, node: str) -> bool | None:
+        """The driver's word (through the scheduler) on whether the node's
+        workers run; None when there is none (no answer, or an answer that
+        cannot tell). For a node just fallen silent that is no evidence of
+        life: it is judged by its heartbeats alone."""
         assert self.bus is not None
         try:
             reply = await self.bus.ask(NODE_WORKERS, NodeWorkersRequest(node=node),
@@ -381,8 +416,12 @@ class Failover:
         except Exception as exc:
             self._log.warning("no word from the driver on a silent node", node=node,
                               error=repr(exc))
-            return False
-        return bool(reply.ok and isinstance(reply, NodeWorkers) and reply.alive)
+            return None
+        if not (reply.ok and isinstance(reply, NodeWorkers)):
+            self._log.warning("the driver cannot tell whether a silent node's workers run",
+                              node=node, error=reply.error)
+            return None
+        return reply.alive
 
     async def _act(self, decisions: list[Decision]) -> None:
         """Carry out decisions in order, each published and then recorded.

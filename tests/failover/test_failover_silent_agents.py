@@ -1,0 +1,106 @@
+"""A node whose agent falls silent while the driver sees its workers run is
+watched, not evacuated, and failover asks the driver again every
+``SUSPECT_RECHECK_S``. The driver answers through the scheduler, so right
+after a NATS or scheduler restart nobody answers for a moment: a chaos run
+(seed 1, ``tests/chaos/test_chaos_stack.py``) evacuated a node whose agent
+was restarting because the first question after NATS came back found no
+responder. No word now keeps the node watched; the driver saying the
+workers stopped, or no word for ``no_word_s``, opens the fault.
+
+Failover runs in-process on a real nats-server; the test plays the
+scheduler's part on ``NODE_WORKERS`` and the agents' heartbeats."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+
+from libs.bus import Bus
+from libs.drivers.base import NODE_WORKERS, NodeWorkers, NodeWorkersRequest
+from libs.events import HeartbeatData, JobPlaced, JobPlacedData, NodeHeartbeat, WorkerSlot
+from libs.settings import Settings
+from services.failover.app import SUSPECT_RECHECK_S, Failover
+from tests.helpers import ready_nodes, until
+
+pytestmark = pytest.mark.timeout(90)
+
+INTERVAL_S = 0.5  # beats; 3 missed: a 1.5 s deadline
+LEASE_S = 3  # the scheduler's lease: failover waits 6 s for the driver's word
+
+
+async def _beat(bus: Bus, nodes: set[str], stop: asyncio.Event) -> None:
+    seq = 0
+    while not stop.is_set():
+        seq += 1
+        for node in sorted(nodes):
+            await bus.publish(NodeHeartbeat(source=f"bench-agent:{node}", node=node,
+                                            time=datetime.now(UTC),
+                                            data=HeartbeatData(seq=seq, pid=1,
+                                                               interval_s=INTERVAL_S)))
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), INTERVAL_S / 2)
+
+
+async def test_no_word_from_the_driver_keeps_a_silent_node_watched_for_a_while(
+        nats_url: str, bus: Bus, tmp_path: Path) -> None:
+    await ready_nodes(bus, {"n1": (8, "r1"), "n2": (8, "r1")})
+    failover = Failover(Settings(nats_url=nats_url, state_dir=tmp_path / "state",
+                                 heartbeat_interval_s=INTERVAL_S, heartbeat_missed=3,
+                                 leader_ttl_s=LEASE_S))
+    await failover.start(bus)
+    beating = {"n1", "n2"}
+    stop = asyncio.Event()
+    beats = asyncio.create_task(_beat(bus, beating, stop))
+
+    async def answer(request: NodeWorkersRequest) -> NodeWorkers:  # plays the scheduler
+        return NodeWorkers(node=request.node, workers=1, alive=True)
+
+    served = await bus.serve(NODE_WORKERS, answer)
+    try:
+        await bus.publish(JobPlaced(source="scheduler", job="j1", data=JobPlacedData(
+            attempt=1, workers=[WorkerSlot(rank=0, node="n1", gpus=1),
+                                WorkerSlot(rank=1, node="n2", gpus=1)])))
+        await until(lambda: asyncio.sleep(0, failover.health()["beats_heard"] > 0 and
+                                          failover.placements.get("j1")),
+                    "failover to hear the beats and the placement", 30)
+
+        # n1's agent restarts: silent, its worker runs on.
+        beating.discard("n1")
+        await until(lambda: asyncio.sleep(0, failover.health()[
+            "silent_agents_with_live_workers"] == ["n1"]), "n1 to be watched", 15)
+        # The scheduler restarts: nobody answers failover's next question.
+        await served.stop()
+        await asyncio.sleep(SUSPECT_RECHECK_S + 0.5)
+        health = failover.health()
+        assert health["faults_open"] == [] and health["silent_agents_with_live_workers"] == [
+            "n1"], health
+        served = await bus.serve(NODE_WORKERS, answer)
+        await asyncio.sleep(SUSPECT_RECHECK_S + 0.5)  # answered: still running
+        beating.add("n1")  # the agent is back
+        await until(lambda: asyncio.sleep(0, failover.health()[
+            "silent_agents_with_live_workers"] == []), "n1 to be heard again", 15)
+        assert failover.health()["faults_open"] == []
+
+        # n2's agent falls silent and the driver stays away: after no_word_s
+        # without its word the node is judged by its heartbeats alone.
+        beating.discard("n2")
+        await until(lambda: asyncio.sleep(0, failover.health()[
+            "silent_agents_with_live_workers"] == ["n2"]), "n2 to be watched", 15)
+        await served.stop()
+        lost = asyncio.get_running_loop().time()
+        [fault] = await until(lambda: asyncio.sleep(0, [
+            f for f in failover.book.faults.values() if f.status != "closed"]),
+            "n2's fault", 30)
+        waited = asyncio.get_running_loop().time() - lost
+        assert fault.key == "n2" and fault.kind == "heartbeat_missed"
+        assert "no word on its workers" in fault.reason, fault.reason
+        assert failover.no_word_s - SUSPECT_RECHECK_S <= waited <= failover.no_word_s + 3, waited
+    finally:
+        stop.set()
+        await beats
+        await served.stop()
+        await failover.stop()
