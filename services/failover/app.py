@@ -25,7 +25,6 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -85,23 +84,12 @@ from services.failover.faults import (
 )
 from services.failover.figures import FailoverFigures, failover_families
 from services.failover.routes import ROUTES
-from services.failover.rules import HeartbeatMonitor, MissedHeartbeat
+from services.failover.rules import HeartbeatMonitor, MissedHeartbeat, WatchedNode
 
 SOURCE = "failover"
 WORKERS_ASK_S = 2.0  # how long to wait for the driver's word on a silent node
 SUSPECT_RECHECK_S = 2.0  # how often a silent node whose workers ran is asked again
 CHECK_PERIOD_S = 0.05  # how often silence is judged
-
-
-@dataclass(slots=True)
-class Suspect:
-    """A node whose agent fell silent while the driver saw its workers run."""
-
-    missed: MissedHeartbeat
-    asked: float
-    """When the driver was last asked (monotonic s)."""
-    seen_running: float
-    """When it last said the workers run (monotonic s)."""
 
 
 def judge_period_s(interval_s: float) -> float:
@@ -143,7 +131,7 @@ class Failover:
         self.kv: Records[FaultRecord] | None = None
         self._unsent: list[Decision] = []  # made, not yet published and recorded
         # Silent agents whose node's workers still ran when asked: watched, not evacuated.
-        self.suspects: dict[str, Suspect] = {}
+        self.suspects: dict[str, WatchedNode] = {}
         # The driver answers through the scheduler leader; a new leader
         # takes over within one lease, so twice that without its word is
         # more than a restart of the scheduler or of NATS.
@@ -364,37 +352,22 @@ class Failover:
         jobs = self._jobs_on(missed.node)
         if jobs and await self._workers_alive(missed.node):
             now = time.monotonic()
-            self.suspects[missed.node] = Suspect(missed, asked=now, seen_running=now)
+            self.suspects[missed.node] = WatchedNode(missed, asked=now, seen_running=now)
             self._log.warning("agent silent but its node's workers run; not evacuating",
                               node=missed.node, jobs=jobs, silent_s=round(missed.overdue_s, 1))
             return
         await self._open_silent(missed, "")
 
     async def _recheck_suspects(self) -> None:
-        """Ask again about each silent node whose workers ran. The driver
-        saying they stopped opens the fault; no word keeps the node
-        watched: right after a NATS or scheduler restart nobody answers
-        for a moment (a chaos run evacuated a node whose agent was
-        restarting, 0.4 s after NATS came back), and without a scheduler
-        nothing could be moved anyway. No word for ``no_word_s`` counts
-        as stopped."""
-        for node, suspect in list(self.suspects.items()):
-            now = time.monotonic()
-            if now - suspect.asked < SUSPECT_RECHECK_S:
+        """Ask the driver again about each watched node (see ``WatchedNode``)."""
+        for node, watched in list(self.suspects.items()):
+            if not watched.due(time.monotonic(), SUSPECT_RECHECK_S):
                 continue
-            alive = await self._workers_alive(node)
-            now = time.monotonic()
-            suspect.asked = now
-            if alive:
-                suspect.seen_running = now
-                continue
-            unheard_s = now - suspect.seen_running
-            if alive is None and unheard_s < self.no_word_s:
-                continue
-            del self.suspects[node]
-            await self._open_silent(suspect.missed, "; its workers have stopped too"
-                                    if alive is False else
-                                    f"; no word on its workers for {unheard_s:.0f} s")
+            more = watched.answered(await self._workers_alive(node), time.monotonic(),
+                                    self.no_word_s)
+            if more:
+                del self.suspects[node]
+                await self._open_silent(watched.missed, more)
 
     async def _open_silent(self, missed: MissedHeartbeat, more: str) -> None:
         now = time.time()

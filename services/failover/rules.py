@@ -20,7 +20,9 @@ is blind until then: every node gets a full deadline to beat again. Only
 nodes the monitor was told about (registered with bootstrap) are judged: a
 beat from any other name is counted and otherwise ignored. An agent that
 stops cleanly says when it will be back (``pause``): until then its node's
-silence is an agent restart, not a dead node.
+silence is an agent restart, not a dead node. One killed outright says
+nothing; while the driver says its node's workers run, the node is a
+``WatchedNode``, not a dead one.
 """
 
 from __future__ import annotations
@@ -33,6 +35,40 @@ class MissedHeartbeat:
     node: str
     last_seen: float
     overdue_s: float
+
+
+@dataclass(slots=True)
+class WatchedNode:
+    """A node whose agent fell silent while the driver saw its workers run:
+    watched, not evacuated, and the driver asked again every so often.
+
+    The driver answers through the scheduler, so right after a NATS or
+    scheduler restart nobody answers for a moment (a chaos run evacuated a
+    node whose agent was restarting, 0.4 s after NATS came back), and
+    without a scheduler nothing could be moved anyway. So no word keeps the
+    node watched; the driver saying the workers stopped, or no word that
+    they run for ``no_word_s``, opens its fault."""
+
+    missed: MissedHeartbeat
+    asked: float
+    """When the driver was last asked (monotonic s)."""
+    seen_running: float
+    """When it last said the workers run (monotonic s)."""
+
+    def due(self, now: float, every_s: float) -> bool:
+        return now - self.asked >= every_s
+
+    def answered(self, alive: bool | None, now: float, no_word_s: float) -> str:
+        """Take the driver's answer (None: no word); "" to keep watching,
+        else what the fault's reason adds."""
+        self.asked = now
+        if alive:
+            self.seen_running = now
+            return ""
+        if alive is False:
+            return "; its workers have stopped too"
+        unheard_s = now - self.seen_running
+        return f"; no word on its workers for {unheard_s:.0f} s" if unheard_s >= no_word_s else ""
 
 
 @dataclass

@@ -149,3 +149,21 @@ def test_an_unconfigured_log_alert_is_a_fault_only_when_infra() -> None:
     assert node is not None and node.scope == "node"
     assert infra_rule("alert:log_traceback", "user", about_job=True) is None
     assert infra_rule("alert:job_hang", None, about_job=True) is None  # a metric rule
+
+
+def test_a_watched_node_outlasts_a_silent_driver_until_the_bound() -> None:
+    """No word (None) keeps the node watched until ``no_word_s`` have passed
+    since the driver last said its workers run; the driver saying they
+    stopped ends the watch at once."""
+    from services.failover.rules import MissedHeartbeat, WatchedNode
+
+    missed = MissedHeartbeat("n1", last_seen=0.0, overdue_s=3.0)
+    watched = WatchedNode(missed, asked=10.0, seen_running=10.0)
+    assert not watched.due(11.9, 2.0) and watched.due(12.0, 2.0)
+    assert watched.answered(True, 12.0, 30.0) == "" and watched.seen_running == 12.0
+    assert watched.answered(None, 14.0, 30.0) == ""  # a scheduler restarting: no word
+    assert watched.answered(None, 41.9, 30.0) == "" and watched.asked == 41.9
+    assert watched.answered(None, 42.0, 30.0) == "; no word on its workers for 30 s"
+    stopped = WatchedNode(missed, asked=10.0, seen_running=10.0)
+    assert stopped.answered(None, 12.0, 30.0) == ""
+    assert stopped.answered(False, 14.0, 30.0) == "; its workers have stopped too"
