@@ -59,6 +59,10 @@ async def test_no_word_from_the_driver_keeps_a_silent_node_watched_for_a_while(
     async def answer(request: NodeWorkersRequest) -> NodeWorkers:  # plays the scheduler
         return NodeWorkers(node=request.node, workers=1, alive=True)
 
+    async def watching(nodes: list[str], what: str) -> None:
+        await until(lambda: asyncio.sleep(0, failover.health()[
+            "silent_agents_with_live_workers"] == nodes), what, 15)
+
     served = await bus.serve(NODE_WORKERS, answer)
     try:
         await bus.publish(JobPlaced(source="scheduler", job="j1", data=JobPlacedData(
@@ -70,8 +74,7 @@ async def test_no_word_from_the_driver_keeps_a_silent_node_watched_for_a_while(
 
         # n1's agent restarts: silent, its worker runs on.
         beating.discard("n1")
-        await until(lambda: asyncio.sleep(0, failover.health()[
-            "silent_agents_with_live_workers"] == ["n1"]), "n1 to be watched", 15)
+        await watching(["n1"], "n1 to be watched")
         # The scheduler restarts: nobody answers failover's next question.
         await served.stop()
         await asyncio.sleep(SUSPECT_RECHECK_S + 0.5)
@@ -81,15 +84,13 @@ async def test_no_word_from_the_driver_keeps_a_silent_node_watched_for_a_while(
         served = await bus.serve(NODE_WORKERS, answer)
         await asyncio.sleep(SUSPECT_RECHECK_S + 0.5)  # answered: still running
         beating.add("n1")  # the agent is back
-        await until(lambda: asyncio.sleep(0, failover.health()[
-            "silent_agents_with_live_workers"] == []), "n1 to be heard again", 15)
+        await watching([], "n1 to be heard again")
         assert failover.health()["faults_open"] == []
 
         # n2's agent falls silent and the driver stays away: after no_word_s
         # without its word the node is judged by its heartbeats alone.
         beating.discard("n2")
-        await until(lambda: asyncio.sleep(0, failover.health()[
-            "silent_agents_with_live_workers"] == ["n2"]), "n2 to be watched", 15)
+        await watching(["n2"], "n2 to be watched")
         await served.stop()
         lost = asyncio.get_running_loop().time()
         [fault] = await until(lambda: asyncio.sleep(0, [
