@@ -128,6 +128,8 @@ class Scheduler:
         self._cycle_task: asyncio.Task[None] | None = None
         self._fleet_now: admission.Fleet | None = None  # until a node (re)registers
         self._shown: dict[str, tuple[int, str]] = {}
+        # Per job: the record and the effects a stored step left undone.
+        self._unfinished: dict[str, tuple[JobRecord, tuple[lifecycle.Effect, ...]]] = {}
         self.cycles = 0
         self.last_cycle_ms = 0.0
         self._figures: SchedulerFigures | None = None
@@ -153,7 +155,7 @@ class Scheduler:
         assert self.bus is not None
         self._log.info("leading", term=term)
         self._term = term
-        self.state, self._shown = SchedulerState(), {}
+        self.state, self._shown, self._unfinished = SchedulerState(), {}, {}
         self._fleet_now = None
         if self._own_driver and self._driver_used:
             self.driver = make_driver(self.settings, self.bus, self.limits)
@@ -169,7 +171,7 @@ class Scheduler:
         self._log.warning("standing by", reason=reason, term=self._term)
         self._term = None
         await self._stop_acting(wait_s=0)
-        self.state, self._shown = SchedulerState(), {}
+        self.state, self._shown, self._unfinished = SchedulerState(), {}, {}
 
     async def _stop_acting(self, *, wait_s: float) -> None:
         await cancel_and_wait([self._cycle_task])
@@ -258,14 +260,16 @@ class Scheduler:
             job = JobRecord(id=event.job, spec=resolved.spec or event.data.spec,
                             submitted_at=event.time.timestamp(),
                             notes=self._ignored(resolved.spec))
-            self.state.jobs[job.id] = job
             verdict = (self._admit(job) if resolved.spec is not None
                        else admission.Admission("refused", resolved.reason, resolved.field))
+            # Known once stored: a save that fails leaves the job unknown, so
+            # the redelivered event is not taken for one already handled.
             if verdict.verdict == "refused":
                 self._log.warning("job refused", job=job.id, reason=verdict.reason)
                 await self._apply(job, lifecycle.Refuse(verdict.reason))
             else:
                 await self._save(job)
+                self.state.jobs[job.id] = job
 
     async def on_worker_exited(self, event: WorkerExited) -> None:
         async with self._handling():
@@ -305,38 +309,89 @@ class Scheduler:
     # ------------------------------------------------------------------ lifecycle
 
     async def _apply(self, job: JobRecord, fact: lifecycle.Fact) -> lifecycle.Step:
-        """One fact through the pure lifecycle, then its effects."""
+        """One fact through the pure lifecycle, then its effects. What an
+        earlier step of the job left undone is done first, so that the
+        job's announcements keep their order."""
+        if job.id in self._unfinished:
+            await self._finish(job.id)
+            job = self.state.jobs.get(job.id, job)  # a leftover launch may have moved it on
         step = lifecycle.apply(job, fact, time.time(), self.limits)
         await self._carry_out(job, step)
         return step
 
-    async def _carry_out(self, old: JobRecord, step: lifecycle.Step) -> None:
+    async def _carry_out(self, old: JobRecord, step: lifecycle.Step, *,
+                         stored: bool = False) -> None:
         """The effects of a step, in order (assume, then persist: the record
-        is in memory first, saved before anything is announced or launched)."""
+        is in memory first, saved before anything is announced or launched).
+
+        An effect that fails (NATS away, a write that timed out) must not
+        leave the record in memory ahead of what is done. Before the step is
+        stored, the record in memory goes back to what it was, so the fact
+        that made the step counts again: the event is redelivered, the next
+        cycle places the job again. Once it is stored (``stored``: it was,
+        these effects are what a failed try left), what is left of it is kept
+        and done again (``_finish``) before anything else happens to the job.
+        Either way the error goes on to the caller."""
         job = step.record or old
+        before = self.state.jobs.get(old.id)
         if step.record is not None and step.record is not old:
             self.state.jobs[old.id] = step.record
-        for effect in step.effects:
-            match effect:
-                case lifecycle.Save():
-                    await self._save(job)
-                case lifecycle.Forget():
-                    await self._forget(job)
-                case lifecycle.Announce():
-                    await self._announce(job, effect)
-                case lifecycle.Launch():
-                    await self._launch(job)
-                case lifecycle.StopWorkers(wait=True):
-                    assert self.driver is not None
-                    try:
-                        await self.driver.stop(job.id, grace_s=effect.grace_s)
-                    except Exception:  # the stop timeout and a restart send it again
-                        self._log.exception("stopping workers failed", job=job.id)
-                case lifecycle.StopWorkers():
-                    assert self.driver is not None
-                    self._background(self._stop_workers(job.id, effect.grace_s))
-                case lifecycle.Reannounce():
-                    await self._announced(job)
+        for i, effect in enumerate(step.effects):
+            try:
+                await self._effect(job, effect)
+            except NotLeader:
+                raise  # the new leader starts from the buckets
+            except Exception:
+                if stored:
+                    self._unfinished[old.id] = (job, step.effects[i:])
+                elif before is None:
+                    self.state.jobs.pop(old.id, None)
+                else:
+                    self.state.jobs[old.id] = before
+                raise
+            stored = stored or isinstance(effect, lifecycle.Save | lifecycle.Forget)
+
+    async def _effect(self, job: JobRecord, effect: lifecycle.Effect) -> None:
+        match effect:
+            case lifecycle.Save():
+                await self._save(job)
+            case lifecycle.Forget():
+                await self._forget(job)
+            case lifecycle.Announce():
+                await self._announce(job, effect)
+            case lifecycle.Launch():
+                await self._launch(job)
+            case lifecycle.StopWorkers(wait=True):
+                assert self.driver is not None
+                try:
+                    await self.driver.stop(job.id, grace_s=effect.grace_s)
+                except Exception:  # the stop timeout and a restart send it again
+                    self._log.exception("stopping workers failed", job=job.id)
+            case lifecycle.StopWorkers():
+                assert self.driver is not None
+                self._background(self._stop_workers(job.id, effect.grace_s))
+            case lifecycle.Reannounce():
+                await self._announced(job)
+
+    async def _finish(self, job_id: str) -> None:
+        """Do again what a stored step of the job left undone; raises while
+        it still fails (the rest stays kept)."""
+        job, effects = self._unfinished.pop(job_id)
+        await self._carry_out(job, lifecycle.Step(job, effects), stored=True)
+        self._log.info("finished what a failed step left undone", job=job_id,
+                       effects=[type(e).__name__ for e in effects])
+
+    async def _finish_all(self) -> None:
+        """Every job's leftovers, each on its own: one that still fails
+        does not hold the others, or the cycle, back."""
+        for job_id in list(self._unfinished):
+            try:
+                await self._finish(job_id)
+            except NotLeader:
+                raise
+            except Exception as exc:
+                self._log.warning("a failed step is still undone; retrying", job=job_id,
+                                  error=repr(exc))
 
     async def _stop_workers(self, job: str, grace_s: float) -> None:
         """SIGTERM, then SIGKILL after the grace. A stop that fails is logged;
@@ -448,6 +503,7 @@ class Scheduler:
             self._dirty.clear()
             try:
                 async with self._lock:
+                    await self._finish_all()
                     await self._tick()
                     await self.cycle()
             except NotLeader as exc:
@@ -519,10 +575,10 @@ class Scheduler:
         job.position, job.reason, job.code = position, reason, code
         if self._shown.get(job.id) == (position, reason):
             return
-        self._shown[job.id] = (position, reason)
         await self._save(job)
         await self._publish(JobPending(source=SOURCE, job=job.id, data=JobPendingData(
             position=position, reason=reason, code=code)))
+        self._shown[job.id] = (position, reason)  # only once shown: else shown again
 
     # ------------------------------------------------------------------ output
 

@@ -280,6 +280,15 @@ async def _check(bus: Bus, stack: EmbeddedStack, job: str, final: dict[str, Any]
     markers = [(j, int(a), int(r), n, int(p)) for j, a, r, n, p in
                (line.split() for line in marker.read_text().splitlines())]
     found += process_violations(markers)
+
+    # A node killed in the job's last seconds (or after it ended) is found
+    # by its missed heartbeats a few seconds later: give failover that long.
+    async def quarantined() -> bool:
+        return not quarantine_violations(await bucket(bus, "nodes"),
+                                         (await bucket(bus, "faults")).values(), killed_nodes)
+
+    with contextlib.suppress(AssertionError):  # what is wrong is reported below
+        await poll(quarantined, "failover to quarantine the killed nodes", 30)
     faults = (await bucket(bus, "faults")).values()
     found += quarantine_violations(await bucket(bus, "nodes"), faults, killed_nodes)
     found += agent_violations(faults, restarted_agents, killed_nodes)
