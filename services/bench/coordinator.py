@@ -172,7 +172,24 @@ class BenchCoordinator:
         if data.session is not None:
             return  # shares of multi-node tests come over the share endpoint
         self.config.reload()
-        record = self.latest.get(event.node) or BenchRecord(node=event.node)
+        # The run is judged on a copy, in ``latest`` while it is judged (the
+        # fleet comparison reads it there). A step that fails (a verdict or
+        # retry request not sent, the save lost) puts the record back, so the
+        # redelivered result is judged again rather than taken for one seen.
+        before = self.latest.get(event.node)
+        record = before.model_copy(deep=True) if before else BenchRecord(node=event.node)
+        self.latest[event.node] = record
+        try:
+            await self._take(event, record)
+        except BaseException:
+            if before is None:
+                self.latest.pop(event.node, None)
+            else:
+                self.latest[event.node] = before
+            raise
+
+    async def _take(self, event: BenchResult, record: BenchRecord) -> None:
+        data = event.data
         stamp = event.time.timestamp()
         if data.trigger == "probe":
             record.probe = BenchProbe(time=stamp, reason=data.reason)

@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import nats.errors
 import pytest
 
 from libs.bus import Bus
@@ -130,3 +131,45 @@ async def test_without_a_verdict_in_time_the_nodes_own_pass_stands(
 async def _leads(coordinator: BenchCoordinator) -> bool:
     return coordinator.election is not None and coordinator.election.is_leader
 
+
+
+async def test_a_verdict_that_could_not_be_sent_is_sent_when_the_result_comes_again(
+        nats_url: str, bus: Bus, tmp_path: Path) -> None:
+    """The coordinator's verdict on node-2 is lost once (NATS away when it is
+    sent): the agent's result comes again, is judged again and the verdict
+    goes out. The coordinator used to hold the run as judged already, so it
+    sent nothing, and bootstrap let node-2's own pass stand: ready, below
+    the floor."""
+    settings = Settings(nats_url=nats_url, state_dir=tmp_path, rebench_attempts=0,
+                        bench_verdict_wait_s=8.0)
+    agents = Agents(bus, {"node-1": 700.0, "node-2": 400.0})
+    await agents.start()
+    own = await Bus.connect(nats_url, "bench-coordinator")
+    send, lost = own.publish, []
+
+    async def publish(event: Any) -> bool:
+        if not lost and isinstance(event, BenchResult) and event.node == "node-2" \
+                and event.data.judged_by == "coordinator":
+            lost.append(event.id)
+            raise nats.errors.TimeoutError
+        return await send(event)
+
+    own.publish = publish  # type: ignore[method-assign]
+    coordinator = BenchCoordinator(settings)
+    bootstrap = Bootstrap(settings, local_hosts(2))
+    await coordinator.start(own)
+    await until(lambda: _leads(coordinator), "the coordinator to lead", timeout=20)
+    await bootstrap.start(bus)
+    try:
+        async def settled() -> dict[str, str | None] | None:
+            now = {n: await state(bus, n) for n in ("node-1", "node-2")}
+            return now if now == {"node-1": "ready", "node-2": "quarantined"} else None
+
+        await until(settled, "node-1 ready and node-2 quarantined", timeout=30)
+        assert lost, "the verdict on node-2 was never sent"
+        reason = (await (await bus.records(NODES)).get("node-2")).reason
+        assert "below the floor" in reason, reason
+    finally:
+        await bootstrap.stop()
+        await coordinator.stop()
+        await own.close()
