@@ -348,15 +348,24 @@ class Failover:
     async def _silent(self, missed: MissedHeartbeat) -> None:
         """A node's agent fell silent. If jobs run there, ask the driver
         first: workers that still run mean a dead agent, not a dead node —
-        the node is watched (asked again) instead of evacuated."""
+        the node is watched (asked again) instead of evacuated. No word
+        (the scheduler restarting with the agent, as in an upgrade of the
+        whole platform) watches it too, as if its workers ran until its last
+        beat: nothing could be moved before the scheduler is back, and then
+        it answers."""
         jobs = self._jobs_on(missed.node)
-        if jobs and await self._workers_alive(missed.node):
-            now = time.monotonic()
-            self.suspects[missed.node] = WatchedNode(missed, asked=now, seen_running=now)
-            self._log.warning("agent silent but its node's workers run; not evacuating",
-                              node=missed.node, jobs=jobs, silent_s=round(missed.overdue_s, 1))
+        if not jobs:
+            await self._open_silent(missed, "")
             return
-        await self._open_silent(missed, "")
+        alive = await self._workers_alive(missed.node)
+        watched = WatchedNode.first(missed, alive, time.monotonic(), time.time())
+        if watched is None:
+            await self._open_silent(missed, "")
+            return
+        self.suspects[missed.node] = watched
+        self._log.warning("agent silent but its node's workers run; not evacuating" if alive
+                          else "agent silent and no word on its node's workers yet; watching",
+                          node=missed.node, jobs=jobs, silent_s=round(missed.overdue_s, 1))
 
     async def _recheck_suspects(self) -> None:
         """Ask the driver again about each watched node (see ``WatchedNode``)."""
@@ -380,8 +389,7 @@ class Failover:
     async def _workers_alive(self, node: str) -> bool | None:
         """The driver's word (through the scheduler) on whether the node's
         workers run; None when there is none (no answer, or an answer that
-        cannot tell). For a node just fallen silent that is no evidence of
-        life: it is judged by its heartbeats alone."""
+        cannot tell)."""
         assert self.bus is not None
         try:
             reply = await self.bus.ask(NODE_WORKERS, NodeWorkersRequest(node=node),

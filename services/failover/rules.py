@@ -39,21 +39,36 @@ class MissedHeartbeat:
 
 @dataclass(slots=True)
 class WatchedNode:
-    """A node whose agent fell silent while the driver saw its workers run:
-    watched, not evacuated, and the driver asked again every so often.
+    """A node whose agent fell silent while the driver saw its workers run,
+    or could not say: watched, not evacuated, and the driver asked again
+    every so often.
 
     The driver answers through the scheduler, so right after a NATS or
-    scheduler restart nobody answers for a moment (a chaos run evacuated a
-    node whose agent was restarting, 0.4 s after NATS came back), and
-    without a scheduler nothing could be moved anyway. So no word keeps the
-    node watched; the driver saying the workers stopped, or no word that
-    they run for ``no_word_s``, opens its fault."""
+    scheduler restart nobody answers for a moment (chaos runs evacuated
+    nodes whose agents were restarting: 0.4 s after NATS came back, and
+    while the scheduler restarted too), and without a scheduler nothing
+    could be moved anyway. So no word keeps the node watched; the driver
+    saying the workers stopped, or no word that they run for
+    ``no_word_s``, opens its fault."""
 
     missed: MissedHeartbeat
     asked: float
     """When the driver was last asked (monotonic s)."""
     seen_running: float
-    """When it last said the workers run (monotonic s)."""
+    """When it last said the workers run (monotonic s); the node's last beat
+    when it has said nothing yet."""
+
+    @classmethod
+    def first(cls, missed: MissedHeartbeat, alive: bool | None, now: float,
+              wall_now: float) -> WatchedNode | None:
+        """The watch that the driver's first answer on a newly silent node
+        starts (``now`` monotonic, ``wall_now`` the wall clock of
+        ``missed.last_seen``); None when its workers stopped: open its fault
+        now. No word counts as running until the node's last beat."""
+        if alive is False:
+            return None
+        seen = now if alive else now - max(0.0, wall_now - missed.last_seen)
+        return cls(missed, asked=now, seen_running=seen)
 
     def due(self, now: float, every_s: float) -> bool:
         return now - self.asked >= every_s

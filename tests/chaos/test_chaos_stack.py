@@ -282,13 +282,15 @@ async def _check(bus: Bus, stack: EmbeddedStack, job: str, final: dict[str, Any]
     found += process_violations(markers)
 
     # A node killed in the job's last seconds (or after it ended) is found
-    # by its missed heartbeats a few seconds later: give failover that long.
+    # by its missed heartbeats a few seconds later, and, while the scheduler
+    # cannot answer for its workers, up to twice its lease (30 s) after its
+    # last beat: give failover that long.
     async def quarantined() -> bool:
         return not quarantine_violations(await bucket(bus, "nodes"),
                                          (await bucket(bus, "faults")).values(), killed_nodes)
 
     with contextlib.suppress(AssertionError):  # what is wrong is reported below
-        await poll(quarantined, "failover to quarantine the killed nodes", 30)
+        await poll(quarantined, "failover to quarantine the killed nodes", 45)
     faults = (await bucket(bus, "faults")).values()
     found += quarantine_violations(await bucket(bus, "nodes"), faults, killed_nodes)
     found += agent_violations(faults, restarted_agents, killed_nodes)

@@ -105,3 +105,51 @@ async def test_no_word_from_the_driver_keeps_a_silent_node_watched_for_a_while(
         await beats
         await served.stop()
         await failover.stop()
+
+
+async def test_a_node_silent_while_nobody_answers_is_watched_until_the_driver_does(
+        nats_url: str, bus: Bus, tmp_path: Path) -> None:
+    """An upgrade of the whole platform restarts the scheduler with the
+    agents: a node falls silent while nobody answers for the driver (a chaos
+    run, seed 30 with 8 kills, evacuated node-1 so). It is watched from its
+    last beat; the driver, back, says n1's workers run (its agent then beats
+    again: no fault) and n2's stopped (its fault opens at once)."""
+    await ready_nodes(bus, {"n1": (8, "r1"), "n2": (8, "r1")})
+    failover = Failover(Settings(nats_url=nats_url, state_dir=tmp_path / "state",
+                                 heartbeat_interval_s=INTERVAL_S, heartbeat_missed=3,
+                                 leader_ttl_s=LEASE_S))
+    await failover.start(bus)
+    beating = {"n1", "n2"}
+    stop = asyncio.Event()
+    beats = asyncio.create_task(_beat(bus, beating, stop))
+
+    async def answer(request: NodeWorkersRequest) -> NodeWorkers:  # plays the scheduler
+        return NodeWorkers(node=request.node, workers=1, alive=request.node == "n1")
+
+    served = None
+    try:
+        await bus.publish(JobPlaced(source="scheduler", job="j1", data=JobPlacedData(
+            attempt=1, workers=[WorkerSlot(rank=0, node="n1", gpus=1),
+                                WorkerSlot(rank=1, node="n2", gpus=1)])))
+        await until(lambda: asyncio.sleep(0, failover.health()["beats_heard"] > 0 and
+                                          failover.placements.get("j1")),
+                    "failover to hear the beats and the placement", 30)
+        beating.clear()  # both agents restart while no scheduler answers
+        await until(lambda: asyncio.sleep(0, failover.health()[
+            "silent_agents_with_live_workers"] == ["n1", "n2"]), "both nodes watched", 15)
+        assert failover.health()["faults_open"] == []
+        served = await bus.serve(NODE_WORKERS, answer)  # the scheduler is back
+        [fault] = await until(lambda: asyncio.sleep(0, [
+            f for f in failover.book.faults.values() if f.status != "closed"]),
+            "n2's fault", SUSPECT_RECHECK_S + 5)
+        assert fault.key == "n2" and "its workers have stopped too" in fault.reason, fault
+        beating.add("n1")  # n1's agent is back
+        await until(lambda: asyncio.sleep(0, failover.health()[
+            "silent_agents_with_live_workers"] == []), "n1 to be heard again", 15)
+        assert [f.key for f in failover.book.faults.values() if f.status != "closed"] == ["n2"]
+    finally:
+        stop.set()
+        await beats
+        if served is not None:
+            await served.stop()
+        await failover.stop()

@@ -167,3 +167,21 @@ def test_a_watched_node_outlasts_a_silent_driver_until_the_bound() -> None:
     stopped = WatchedNode(missed, asked=10.0, seen_running=10.0)
     assert stopped.answered(None, 12.0, 30.0) == ""
     assert stopped.answered(False, 14.0, 30.0) == "; its workers have stopped too"
+
+
+def test_a_newly_silent_node_is_watched_unless_the_driver_says_its_workers_stopped() -> None:
+    """The first answer: running watches from now; no word (the scheduler
+    restarting with the agent) watches from the node's last beat, so the
+    bound counts from there; stopped opens the fault at once."""
+    from services.failover.rules import MissedHeartbeat, WatchedNode
+
+    missed = MissedHeartbeat("n1", last_seen=1000.0, overdue_s=3.0)  # wall clock
+    running = WatchedNode.first(missed, True, 50.0, 1003.0)
+    assert running is not None and running.seen_running == 50.0 and running.asked == 50.0
+    unheard = WatchedNode.first(missed, None, 50.0, 1003.0)
+    assert unheard is not None and unheard.seen_running == 47.0
+    assert unheard.answered(None, 76.9, 30.0) == ""
+    assert unheard.answered(None, 77.0, 30.0) == "; no word on its workers for 30 s"
+    assert WatchedNode.first(missed, False, 50.0, 1003.0) is None
+    # A last beat stamped after the wall clock's now (a clock step) counts as now.
+    assert WatchedNode.first(missed, None, 50.0, 999.0).seen_running == 50.0  # type: ignore[union-attr]
