@@ -79,19 +79,10 @@ async def test_a_gpu_under_its_peak_floor_is_quarantined_before_it_takes_a_job(
     # else passing (the floor is 35% of 1307.4 TFLOPS).
     agents = Agents(bus, {"node-1": 700.0, "node-2": 400.0})
     await agents.start()
-    coordinator = BenchCoordinator(settings)
-    bootstrap = Bootstrap(settings, local_hosts(2))
-    await coordinator.start(bus)
-    await until(lambda: _leads(coordinator), "the coordinator to lead", timeout=20)
-    await bootstrap.start(bus)
+    coordinator, bootstrap = await start_both(settings, bus, bus)
     try:
-        async def settled() -> dict[str, str | None] | None:
-            now = {n: await state(bus, n) for n in ("node-1", "node-2")}
-            return now if now == {"node-1": "ready", "node-2": "quarantined"} else None
-
-        await until(settled, "node-1 ready and node-2 quarantined", timeout=30)
+        reason = await node_2_quarantined(bus)
         assert {r.data.level for r in agents.requests} == {"standard"}
-        reason = (await (await bus.records(NODES)).get("node-2")).reason
         assert "below the floor" in reason, reason
         # node-2 was never ready: it went from preflight straight to quarantine.
         states = [parse_event(m.data).data.state  # type: ignore[attr-defined]
@@ -132,6 +123,27 @@ async def _leads(coordinator: BenchCoordinator) -> bool:
     return coordinator.election is not None and coordinator.election.is_leader
 
 
+async def start_both(settings: Settings, coordinator_bus: Bus,
+                     bus: Bus) -> tuple[BenchCoordinator, Bootstrap]:
+    """The coordinator, once it leads, then bootstrap with two local hosts."""
+    coordinator = BenchCoordinator(settings)
+    bootstrap = Bootstrap(settings, local_hosts(2))
+    await coordinator.start(coordinator_bus)
+    await until(lambda: _leads(coordinator), "the coordinator to lead", timeout=20)
+    await bootstrap.start(bus)
+    return coordinator, bootstrap
+
+
+async def node_2_quarantined(bus: Bus) -> str:
+    """Once node-1 is ready and node-2 quarantined: node-2's reason."""
+    async def settled() -> dict[str, str | None] | None:
+        now = {n: await state(bus, n) for n in ("node-1", "node-2")}
+        return now if now == {"node-1": "ready", "node-2": "quarantined"} else None
+
+    await until(settled, "node-1 ready and node-2 quarantined", timeout=30)
+    return (await (await bus.records(NODES)).get("node-2")).reason
+
+
 
 async def test_a_verdict_that_could_not_be_sent_is_sent_when_the_result_comes_again(
         nats_url: str, bus: Bus, tmp_path: Path) -> None:
@@ -155,19 +167,10 @@ async def test_a_verdict_that_could_not_be_sent_is_sent_when_the_result_comes_ag
         return await send(event)
 
     own.publish = publish  # type: ignore[method-assign]
-    coordinator = BenchCoordinator(settings)
-    bootstrap = Bootstrap(settings, local_hosts(2))
-    await coordinator.start(own)
-    await until(lambda: _leads(coordinator), "the coordinator to lead", timeout=20)
-    await bootstrap.start(bus)
+    coordinator, bootstrap = await start_both(settings, own, bus)
     try:
-        async def settled() -> dict[str, str | None] | None:
-            now = {n: await state(bus, n) for n in ("node-1", "node-2")}
-            return now if now == {"node-1": "ready", "node-2": "quarantined"} else None
-
-        await until(settled, "node-1 ready and node-2 quarantined", timeout=30)
+        reason = await node_2_quarantined(bus)
         assert lost, "the verdict on node-2 was never sent"
-        reason = (await (await bus.records(NODES)).get("node-2")).reason
         assert "below the floor" in reason, reason
     finally:
         await bootstrap.stop()

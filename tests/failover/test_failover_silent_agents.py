@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -45,8 +47,11 @@ async def _beat(bus: Bus, nodes: set[str], stop: asyncio.Event) -> None:
             await asyncio.wait_for(stop.wait(), INTERVAL_S / 2)
 
 
-async def test_no_word_from_the_driver_keeps_a_silent_node_watched_for_a_while(
-        nats_url: str, bus: Bus, tmp_path: Path) -> None:
+@contextlib.asynccontextmanager
+async def two_nodes_one_job(nats_url: str, bus: Bus,
+                            tmp_path: Path) -> AsyncIterator[tuple[Failover, set[str]]]:
+    """In-process failover; n1 and n2 beat (the set says which) and run j1,
+    and failover has heard both."""
     await ready_nodes(bus, {"n1": (8, "r1"), "n2": (8, "r1")})
     failover = Failover(Settings(nats_url=nats_url, state_dir=tmp_path / "state",
                                  heartbeat_interval_s=INTERVAL_S, heartbeat_missed=3,
@@ -55,15 +60,6 @@ async def test_no_word_from_the_driver_keeps_a_silent_node_watched_for_a_while(
     beating = {"n1", "n2"}
     stop = asyncio.Event()
     beats = asyncio.create_task(_beat(bus, beating, stop))
-
-    async def answer(request: NodeWorkersRequest) -> NodeWorkers:  # plays the scheduler
-        return NodeWorkers(node=request.node, workers=1, alive=True)
-
-    async def watching(nodes: list[str], what: str) -> None:
-        await until(lambda: asyncio.sleep(0, failover.health()[
-            "silent_agents_with_live_workers"] == nodes), what, 15)
-
-    served = await bus.serve(NODE_WORKERS, answer)
     try:
         await bus.publish(JobPlaced(source="scheduler", job="j1", data=JobPlacedData(
             attempt=1, workers=[WorkerSlot(rank=0, node="n1", gpus=1),
@@ -71,40 +67,59 @@ async def test_no_word_from_the_driver_keeps_a_silent_node_watched_for_a_while(
         await until(lambda: asyncio.sleep(0, failover.health()["beats_heard"] > 0 and
                                           failover.placements.get("j1")),
                     "failover to hear the beats and the placement", 30)
-
-        # n1's agent restarts: silent, its worker runs on.
-        beating.discard("n1")
-        await watching(["n1"], "n1 to be watched")
-        # The scheduler restarts: nobody answers failover's next question.
-        await served.stop()
-        await asyncio.sleep(SUSPECT_RECHECK_S + 0.5)
-        health = failover.health()
-        assert health["faults_open"] == [] and health["silent_agents_with_live_workers"] == [
-            "n1"], health
-        served = await bus.serve(NODE_WORKERS, answer)
-        await asyncio.sleep(SUSPECT_RECHECK_S + 0.5)  # answered: still running
-        beating.add("n1")  # the agent is back
-        await watching([], "n1 to be heard again")
-        assert failover.health()["faults_open"] == []
-
-        # n2's agent falls silent and the driver stays away: after no_word_s
-        # without its word the node is judged by its heartbeats alone.
-        beating.discard("n2")
-        await watching(["n2"], "n2 to be watched")
-        await served.stop()
-        lost = asyncio.get_running_loop().time()
-        [fault] = await until(lambda: asyncio.sleep(0, [
-            f for f in failover.book.faults.values() if f.status != "closed"]),
-            "n2's fault", 30)
-        waited = asyncio.get_running_loop().time() - lost
-        assert fault.key == "n2" and fault.kind == "heartbeat_missed"
-        assert "no word on its workers" in fault.reason, fault.reason
-        assert failover.no_word_s - SUSPECT_RECHECK_S <= waited <= failover.no_word_s + 3, waited
+        yield failover, beating
     finally:
         stop.set()
         await beats
-        await served.stop()
         await failover.stop()
+
+
+async def watching(failover: Failover, nodes: list[str], what: str) -> None:
+    await until(lambda: asyncio.sleep(0, failover.health()[
+        "silent_agents_with_live_workers"] == nodes), what, 15)
+
+
+def open_faults(failover: Failover) -> Any:
+    return asyncio.sleep(0, [f for f in failover.book.faults.values() if f.status != "closed"])
+
+
+async def test_no_word_from_the_driver_keeps_a_silent_node_watched_for_a_while(
+        nats_url: str, bus: Bus, tmp_path: Path) -> None:
+    async def answer(request: NodeWorkersRequest) -> NodeWorkers:  # plays the scheduler
+        return NodeWorkers(node=request.node, workers=1, alive=True)
+
+    async with two_nodes_one_job(nats_url, bus, tmp_path) as (failover, beating):
+        served = await bus.serve(NODE_WORKERS, answer)
+        try:
+            # n1's agent restarts: silent, its worker runs on.
+            beating.discard("n1")
+            await watching(failover, ["n1"], "n1 to be watched")
+            # The scheduler restarts: nobody answers failover's next question.
+            await served.stop()
+            await asyncio.sleep(SUSPECT_RECHECK_S + 0.5)
+            health = failover.health()
+            assert health["faults_open"] == [] and health[
+                "silent_agents_with_live_workers"] == ["n1"], health
+            served = await bus.serve(NODE_WORKERS, answer)
+            await asyncio.sleep(SUSPECT_RECHECK_S + 0.5)  # answered: still running
+            beating.add("n1")  # the agent is back
+            await watching(failover, [], "n1 to be heard again")
+            assert failover.health()["faults_open"] == []
+
+            # n2's agent falls silent and the driver stays away: after
+            # no_word_s without its word the node is judged by its heartbeats.
+            beating.discard("n2")
+            await watching(failover, ["n2"], "n2 to be watched")
+            await served.stop()
+            lost = asyncio.get_running_loop().time()
+            [fault] = await until(lambda: open_faults(failover), "n2's fault", 30)
+            waited = asyncio.get_running_loop().time() - lost
+            assert fault.key == "n2" and fault.kind == "heartbeat_missed"
+            assert "no word on its workers" in fault.reason, fault.reason
+            assert failover.no_word_s - SUSPECT_RECHECK_S <= waited <= failover.no_word_s + 3, \
+                waited
+        finally:
+            await served.stop()
 
 
 async def test_a_node_silent_while_nobody_answers_is_watched_until_the_driver_does(
@@ -114,42 +129,20 @@ async def test_a_node_silent_while_nobody_answers_is_watched_until_the_driver_do
     run, seed 30 with 8 kills, evacuated node-1 so). It is watched from its
     last beat; the driver, back, says n1's workers run (its agent then beats
     again: no fault) and n2's stopped (its fault opens at once)."""
-    await ready_nodes(bus, {"n1": (8, "r1"), "n2": (8, "r1")})
-    failover = Failover(Settings(nats_url=nats_url, state_dir=tmp_path / "state",
-                                 heartbeat_interval_s=INTERVAL_S, heartbeat_missed=3,
-                                 leader_ttl_s=LEASE_S))
-    await failover.start(bus)
-    beating = {"n1", "n2"}
-    stop = asyncio.Event()
-    beats = asyncio.create_task(_beat(bus, beating, stop))
-
     async def answer(request: NodeWorkersRequest) -> NodeWorkers:  # plays the scheduler
         return NodeWorkers(node=request.node, workers=1, alive=request.node == "n1")
 
-    served = None
-    try:
-        await bus.publish(JobPlaced(source="scheduler", job="j1", data=JobPlacedData(
-            attempt=1, workers=[WorkerSlot(rank=0, node="n1", gpus=1),
-                                WorkerSlot(rank=1, node="n2", gpus=1)])))
-        await until(lambda: asyncio.sleep(0, failover.health()["beats_heard"] > 0 and
-                                          failover.placements.get("j1")),
-                    "failover to hear the beats and the placement", 30)
+    async with two_nodes_one_job(nats_url, bus, tmp_path) as (failover, beating):
         beating.clear()  # both agents restart while no scheduler answers
-        await until(lambda: asyncio.sleep(0, failover.health()[
-            "silent_agents_with_live_workers"] == ["n1", "n2"]), "both nodes watched", 15)
+        await watching(failover, ["n1", "n2"], "both nodes watched")
         assert failover.health()["faults_open"] == []
         served = await bus.serve(NODE_WORKERS, answer)  # the scheduler is back
-        [fault] = await until(lambda: asyncio.sleep(0, [
-            f for f in failover.book.faults.values() if f.status != "closed"]),
-            "n2's fault", SUSPECT_RECHECK_S + 5)
-        assert fault.key == "n2" and "its workers have stopped too" in fault.reason, fault
-        beating.add("n1")  # n1's agent is back
-        await until(lambda: asyncio.sleep(0, failover.health()[
-            "silent_agents_with_live_workers"] == []), "n1 to be heard again", 15)
-        assert [f.key for f in failover.book.faults.values() if f.status != "closed"] == ["n2"]
-    finally:
-        stop.set()
-        await beats
-        if served is not None:
+        try:
+            [fault] = await until(lambda: open_faults(failover), "n2's fault",
+                                  SUSPECT_RECHECK_S + 5)
+            assert fault.key == "n2" and "its workers have stopped too" in fault.reason, fault
+            beating.add("n1")  # n1's agent is back
+            await watching(failover, [], "n1 to be heard again")
+            assert [f.key for f in (await open_faults(failover))] == ["n2"]
+        finally:
             await served.stop()
-        await failover.stop()
