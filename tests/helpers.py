@@ -12,10 +12,12 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from types import ModuleType
 from typing import Any
+
+import nats.errors
 
 from libs.bus import Bus
 from libs.events import (
@@ -175,6 +177,26 @@ async def until(fn, what: str, timeout: float = 60, every: float = 0.2) -> Any: 
         await asyncio.sleep(every)
     raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}"
                          + (f" (last error: {last!r})" if last else ""))
+
+
+def fail_once(call: Callable[..., Any], when: Callable[[Any], bool], *,
+              lands: bool = False) -> tuple[Callable[..., Any], list[str]]:
+    """``call`` (a bound ``Records.put`` or ``Bus.publish``) that, the first
+    time ``when`` holds for what it writes, raises NATS's timeout: before
+    the request is sent, or (``lands``) after it was carried out, as when
+    the answer is what got lost. The list names what was failed."""
+    failed: list[str] = []
+
+    async def wrapped(*args: Any, **kwargs: Any) -> Any:
+        what = args[-1]  # put(key, record) or publish(event)
+        if failed or not when(what):
+            return await call(*args, **kwargs)
+        failed.append(type(what).__name__)
+        if lands:
+            await call(*args, **kwargs)
+        raise nats.errors.TimeoutError
+
+    return wrapped, failed
 
 
 def job_record(job: str, status: str, *nodes: str) -> bytes:

@@ -354,12 +354,9 @@ class Failover:
         beat: nothing could be moved before the scheduler is back, and then
         it answers."""
         jobs = self._jobs_on(missed.node)
-        if not jobs:
-            await self._open_silent(missed, "")
-            return
-        alive = await self._workers_alive(missed.node)
+        alive = await self._workers_alive(missed.node) if jobs else False
         watched = WatchedNode.first(missed, alive, time.monotonic(), time.time())
-        if watched is None:
+        if watched is None:  # nothing runs there, or its workers stopped too
             await self._open_silent(missed, "")
             return
         self.suspects[missed.node] = watched

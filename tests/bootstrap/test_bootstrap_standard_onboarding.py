@@ -10,7 +10,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import nats.errors
 import pytest
 
 from libs.bus import Bus
@@ -21,7 +20,7 @@ from libs.settings import Settings
 from services.bench.coordinator import BenchCoordinator
 from services.bootstrap.app import Bootstrap
 from services.bootstrap.onboarding import awaits_verdict, verdict_overdue
-from tests.helpers import stream_messages, until
+from tests.helpers import fail_once, stream_messages, until
 
 pytestmark = pytest.mark.timeout(120)
 MI300X = "AMD Instinct MI300X"
@@ -144,7 +143,6 @@ async def node_2_quarantined(bus: Bus) -> str:
     return (await (await bus.records(NODES)).get("node-2")).reason
 
 
-
 async def test_a_verdict_that_could_not_be_sent_is_sent_when_the_result_comes_again(
         nats_url: str, bus: Bus, tmp_path: Path) -> None:
     """The coordinator's verdict on node-2 is lost once (NATS away when it is
@@ -157,16 +155,9 @@ async def test_a_verdict_that_could_not_be_sent_is_sent_when_the_result_comes_ag
     agents = Agents(bus, {"node-1": 700.0, "node-2": 400.0})
     await agents.start()
     own = await Bus.connect(nats_url, "bench-coordinator")
-    send, lost = own.publish, []
-
-    async def publish(event: Any) -> bool:
-        if not lost and isinstance(event, BenchResult) and event.node == "node-2" \
-                and event.data.judged_by == "coordinator":
-            lost.append(event.id)
-            raise nats.errors.TimeoutError
-        return await send(event)
-
-    own.publish = publish  # type: ignore[method-assign]
+    own.publish, lost = fail_once(  # type: ignore[method-assign]
+        own.publish, lambda event: isinstance(event, BenchResult) and event.node == "node-2"
+        and event.data.judged_by == "coordinator")
     coordinator, bootstrap = await start_both(settings, own, bus)
     try:
         reason = await node_2_quarantined(bus)
