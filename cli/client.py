@@ -164,11 +164,15 @@ async def read_bucket(bus: Bus, spec: BucketSpec[R], *, missing_ok: bool = False
     return found
 
 
+class LensUnanswered(CliError):
+    """Nothing answered a Lens query: no lens-collector runs, or the bus is down."""
+
+
 async def lens_query(bus: Bus, name: str, **params: Any) -> list[dict[str, Any]]:
     try:
         reply = await bus.ask(LENS_QUERY, LensQuery(query=name, params=params), timeout_s=15)
     except Exception as exc:
-        raise CliError(f"lens-collector did not answer ({exc!r}); is it running?") from None
+        raise LensUnanswered(f"lens-collector did not answer ({exc!r}); is it running?") from None
     if not reply.ok:
         raise CliError(f"lens query {name!r} failed: {reply.error}")
     return [dict(zip(reply.columns, row, strict=True)) for row in reply.rows]
@@ -249,12 +253,26 @@ async def submit(path: str) -> str:
 async def wait_for(check: Callable[[], Awaitable[T | None]], timeout_s: float,
                    late: Callable[[], str]) -> T:
     """The first answer of ``check`` that is not None, asked every 0.2 s; a
-    ``CliError`` with ``late()`` once ``timeout_s`` passed without one."""
+    ``CliError`` with ``late()`` once ``timeout_s`` passed without one.
+
+    The request being waited on is already durable on the bus, so a bus that
+    fails meanwhile (nats-server restarting for an upgrade or after a crash)
+    does not end the wait: the connection comes back by itself, and the
+    wait goes on to its deadline. The operator is told once, on stderr."""
     deadline = time.monotonic() + timeout_s
+    failing: str | None = None
     while True:
-        answer = await check()
+        try:
+            answer = await check()
+        except (nats.errors.Error, ConnectionError, TimeoutError) as exc:
+            if failing is None:
+                print(f"primus-safe: the bus failed ({bus_failure(exc)}); the request is on "
+                      "it already, still waiting", file=sys.stderr)
+            failing, answer = bus_failure(exc), None
+        else:
+            failing = None
         if answer is not None:
             return answer
         if time.monotonic() > deadline:
-            raise CliError(late())
+            raise CliError(late() + (f" (the bus is failing: {failing})" if failing else ""))
         await asyncio.sleep(0.2)

@@ -4,8 +4,9 @@ from Lens (every rank of every attempt, whichever node or pod ran it).
 
 Without ``--since`` it shows the newest ``--tail`` lines (like ``kubectl
 logs --tail``); ``--follow`` then prints lines as Lens stores them, until
-interrupted. Lines the job's log rate dropped show as a ``meta`` line saying
-how many.
+interrupted (a collector that restarts or a bus that blinks meanwhile is
+waited for, with one line on stderr). Lines the job's log rate dropped
+show as a ``meta`` line saying how many.
 """
 
 from __future__ import annotations
@@ -14,10 +15,11 @@ import argparse
 import asyncio
 import json
 import re
+import sys
 import time
 from typing import Any
 
-from cli.client import CliError, connect, lens_query
+from cli.client import CliError, LensUnanswered, connect, lens_query
 from cli.output import load_settings, time_ms
 from libs.bus import Bus
 
@@ -93,10 +95,23 @@ async def _print(bus: Bus, args: argparse.Namespace) -> int:
     cursor = cursor or int(time.time() * 1000) - 2000
     after = cursor
     seen: set[tuple[int, int, int]] = set()
+    lost = False
     while True:
         await asyncio.sleep(FOLLOW_POLL_S)
-        rows = await lens_query(bus, "worker_logs", since_ms=start, after_ms=after,
-                                limit=args.limit, **keys)
+        try:
+            rows = await lens_query(bus, "worker_logs", since_ms=start, after_ms=after,
+                                    limit=args.limit, **keys)
+        except LensUnanswered as exc:
+            # A collector being rolled out, or the bus restarting: a follow
+            # that runs for days waits for them rather than ending. Lines
+            # stored meanwhile come with the next answer (the cursor holds).
+            if not lost:
+                print(f"primus-safe: {exc}; still following", file=sys.stderr, flush=True)
+            lost = True
+            continue
+        if lost:
+            print("primus-safe: lens-collector answers again", file=sys.stderr, flush=True)
+            lost = False
         for row in rows:
             key = (row["attempt"], row["rank"], row["seq"])
             if key in seen:

@@ -18,7 +18,9 @@ from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from cli.client import CliError
+import nats.errors
+
+from cli.client import CliError, bus_failure
 from libs.settings import Settings
 
 
@@ -92,12 +94,18 @@ def print_rows(data: Any, as_json: bool, columns: list[str], title: str, *,
 
 def watch(render: Callable[[], str], interval_s: float) -> int:
     """Redraw ``render()`` until Ctrl-C: in place on a terminal, else only
-    when it changed (so a pipe gets each new state once)."""
+    when it changed (so a pipe gets each new state once). A round that
+    fails (the bus restarting) shows why in place of the table and the
+    watch goes on, as ``watch kubectl get`` would."""
     shown = None
     tty = sys.stdout.isatty()
     try:
         while True:
-            text = render()
+            try:
+                text = render()
+            except (CliError, nats.errors.Error) as exc:
+                why = bus_failure(exc) if isinstance(exc, nats.errors.Error) else str(exc)
+                text = f"primus-safe: {why} (trying again every {interval_s:g} s)"
             if tty:
                 sys.stdout.write("\x1b[H\x1b[2J" + text + "\n")
                 sys.stdout.flush()

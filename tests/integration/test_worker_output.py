@@ -181,16 +181,33 @@ async def test_lines_survive_a_collector_restart_and_follow_shows_new_ones(
             follow = subprocess.Popen([sys.executable, "-m", "cli.main", "logs", "steady", "-f",
                                        "--tail", "1"], env=env, cwd=ROOT,
                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            assert follow.stdout is not None and follow.stderr is not None
+
+            async def shown(n: int) -> list[list[str]]:
+                lines = [await asyncio.to_thread(follow.stdout.readline)  # type: ignore[union-attr]
+                         for _ in range(n)]
+                return [x.rstrip().rsplit(" ", 2)[-2:] for x in lines]
+
             try:
-                first = await asyncio.to_thread(follow.stdout.readline)  # type: ignore[union-attr]
-                assert first.rstrip().endswith("line 59")
+                assert await shown(1) == [["line", "59"]]
                 await publish(writer, 60, 2)
-                new = [await asyncio.to_thread(follow.stdout.readline)  # type: ignore[union-attr]
-                       for _ in range(2)]
-                assert [x.rstrip().rsplit(" ", 2)[-2:] for x in new] == [["line", "60"],
-                                                                          ["line", "61"]]
-            finally:
+                assert await shown(2) == [["line", "60"], ["line", "61"]]
+            except BaseException:
                 follow.terminate()
-                follow.wait(10)
+                raise
+        # The collector is rolled out while follow runs: follow says so once,
+        # waits, and shows what was printed meanwhile when it is back.
+        try:
+            await publish(writer, 62, 2)
+            said = await asyncio.to_thread(follow.stderr.readline)
+            assert "lens-collector did not answer" in said and "still following" in said, said
+            assert follow.poll() is None
+            async with collector():
+                assert await shown(2) == [["line", "62"], ["line", "63"]]
+                said = await asyncio.to_thread(follow.stderr.readline)
+                assert said.strip() == "primus-safe: lens-collector answers again", said
+        finally:
+            follow.terminate()
+            follow.wait(10)
     finally:
         await writer.close()
