@@ -201,11 +201,17 @@ class Failover:
         await self._act([])
 
     async def on_fault_close(self, event: FaultCloseRequested) -> None:
-        """An operator closes a fault; one unknown or closed already is logged."""
-        decisions = self.book.close(event.data.fault_id, time.time(), by=event.data.by,
+        """An operator closes a fault; one unknown or closed already is logged.
+        A node whose silence it was must beat again within the deadline, or
+        a new fault opens (its agent may still be dead)."""
+        now = time.time()
+        decisions = self.book.close(event.data.fault_id, now, by=event.data.by,
                                     reason=event.data.reason)
         if not decisions:
             self._log.info("close of a fault that is not open", fault=event.data.fault_id)
+        for d in decisions:
+            if d.fault.kind == "heartbeat_missed" and d.fault.scope == "node":
+                self.monitor.judge_again(d.fault.key, now)
         await self._act(decisions)
 
     async def on_node_registered(self, event: NodeRegistered) -> None:

@@ -141,6 +141,16 @@ class HeartbeatMonitor:
         if node in self.last_seen:
             self.quiet_until[node] = max(until, self.quiet_until.get(node, until))
 
+    def judge_again(self, node: str, now: float) -> None:
+        """An operator closed the fault of the node's silence. A node reported
+        down is reported once per outage, so without this a node still silent
+        would sit out of service with nothing open, for good; instead it gets
+        one deadline from ``now`` to beat, and is reported again if it does
+        not."""
+        if node in self.down:
+            self.down.discard(node)
+            self.quiet_until[node] = max(now, self.quiet_until.get(node, now))
+
     def blind(self, now: float) -> None:
         """The monitor could not hear beats until ``now`` (its own link to
         the bus was down): no node's silence before then counts against it."""

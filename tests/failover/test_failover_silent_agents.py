@@ -23,7 +23,15 @@ import pytest
 
 from libs.bus import Bus
 from libs.drivers.base import NODE_WORKERS, NodeWorkers, NodeWorkersRequest
-from libs.events import HeartbeatData, JobPlaced, JobPlacedData, NodeHeartbeat, WorkerSlot
+from libs.events import (
+    FaultCloseData,
+    FaultCloseRequested,
+    HeartbeatData,
+    JobPlaced,
+    JobPlacedData,
+    NodeHeartbeat,
+    WorkerSlot,
+)
 from libs.settings import Settings
 from services.failover.app import SUSPECT_RECHECK_S, Failover
 from tests.helpers import ready_nodes, until
@@ -144,5 +152,37 @@ async def test_a_node_silent_while_nobody_answers_is_watched_until_the_driver_do
             beating.add("n1")  # n1's agent is back
             await watching(failover, [], "n1 to be heard again")
             assert [f.key for f in (await open_faults(failover))] == ["n2"]
+        finally:
+            await served.stop()
+
+
+async def test_a_silent_node_whose_fault_an_operator_closed_faults_again(
+        nats_url: str, bus: Bus, tmp_path: Path) -> None:
+    """An operator closes the fault of a node that is still dead (they
+    thought it repaired). Bootstrap benches it again, which nobody answers;
+    failover reported the silence once, so the node sat in ``repair`` with
+    no open fault, for good. Now it gets one deadline to beat, then a new
+    fault opens; a node that does beat again stays clear."""
+    async def answer(request: NodeWorkersRequest) -> NodeWorkers:  # plays the scheduler
+        return NodeWorkers(node=request.node, workers=1, alive=False)
+
+    async with two_nodes_one_job(nats_url, bus, tmp_path) as (failover, beating):
+        served = await bus.serve(NODE_WORKERS, answer)
+        try:
+            beating.clear()  # both nodes die
+            first = await until(lambda: open_faults(failover), "both faults", 15)
+            assert sorted(f.key for f in first) == ["n1", "n2"]
+            beating.add("n1")  # n1 was repaired; n2 was not
+            for fault in first:
+                await bus.publish(FaultCloseRequested(source="cli", node=fault.key,
+                                                      data=FaultCloseData(
+                                                          fault_id=fault.fault_id, by="op")))
+            [again] = await until(
+                lambda: asyncio.sleep(0, [f for f in failover.book.faults.values()
+                                          if f.status != "closed" and f not in first]),
+                "n2's new fault", 15)
+            assert again.key == "n2" and again.kind == "heartbeat_missed", again
+            await asyncio.sleep(2 * INTERVAL_S * 3)  # n1 keeps beating: no new fault
+            assert [f.key for f in await open_faults(failover)] == ["n2"]
         finally:
             await served.stop()

@@ -82,6 +82,24 @@ def test_a_beat_counts_when_received_and_a_stranger_is_never_judged() -> None:
     assert monitor.check(500.0) == []  # one fault per outage, and none for the stranger
 
 
+def test_a_silence_whose_fault_an_operator_closed_is_judged_again() -> None:
+    from services.failover.rules import HeartbeatMonitor
+
+    monitor = HeartbeatMonitor(interval_s=1.0, missed=3)
+    monitor.watch("gpu-1", now=100.0)
+    monitor.watch("gpu-2", now=100.0)
+    assert [m.node for m in monitor.check(103.1)] == ["gpu-1", "gpu-2"]
+    assert monitor.check(150.0) == []  # once per outage
+    monitor.judge_again("gpu-1", now=150.0)  # closed; its agent is still silent
+    monitor.judge_again("gpu-9", now=150.0)  # not down: nothing to do
+    assert monitor.check(152.9) == []  # a full deadline from the close
+    [again] = monitor.check(153.1)
+    assert again.node == "gpu-1" and again.last_seen == 100.0  # silent since its last beat
+    monitor.judge_again("gpu-2", now=160.0)
+    monitor.beat("gpu-2", at=161.0)  # closed because it was fixed: it beats, no fault
+    assert monitor.check(163.5) == []
+
+
 def test_after_a_start_every_node_gets_a_full_deadline_whatever_was_replayed() -> None:
     from services.failover.rules import HeartbeatMonitor
 
