@@ -53,6 +53,9 @@ def stop_agreed(run: Run, distributed: bool) -> bool:
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--iterations", type=int, default=60)
+    parser.add_argument("--min-step-s", type=float, default=0.0,
+                        help="pad each iteration to at least this long: the pace of a "
+                             "heavier model, the same on a fast machine as on a slow one")
     args = parser.parse_args()
 
     run = Run.from_env()
@@ -83,6 +86,8 @@ def main() -> int:
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
+        if (pad := args.min_step_s - (time.perf_counter() - t0)) > 0:
+            time.sleep(pad)
         step_time = time.perf_counter() - t0
         value = loss.item()
         if not math.isfinite(value):

@@ -15,7 +15,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from libs.events import Event, JobPlaced, WorkerExited, WorkerStarted
+from libs.events import Event, JobPlaced, NodeDrainRequested, WorkerExited, WorkerStarted
 
 # Node states that take a node out of service after a fault (quarantined).
 QUARANTINED = ("quarantined", "repair")
@@ -117,6 +117,37 @@ def agent_violations(faults: Iterable[Mapping[str, Any]], restarted: Iterable[st
             f"evacuated it ({f['kind']}, jobs {f['jobs']})"
             for f in faults if f["scope"] == "node" and f["kind"] == "heartbeat_missed"
             and f["jobs"] and f["key"] in set(restarted) - gone]
+
+
+def drain_violations(events: Iterable[Event], nodes: Mapping[str, Mapping[str, Any]],
+                     drained: Iterable[str]) -> list[str]:
+    """A node an operator drained gets no new worker: no placement after
+    its drain request names it, and it is still cordoned at the end (nobody
+    lifted the hold)."""
+    out: list[str] = []
+    since: set[str] = set()
+    for e in events:
+        if isinstance(e, NodeDrainRequested):
+            since.add(e.node)
+        elif isinstance(e, JobPlaced):
+            out += [f"{e.job} attempt {e.data.attempt} rank {w.rank} placed on {w.node} "
+                    "after it was drained" for w in e.data.workers if w.node in since]
+    for name in sorted(set(drained)):
+        if name not in since:
+            out.append(f"{name} was drained, but no drain request is in the stream")
+        elif not nodes.get(name, {}).get("cordoned"):
+            out.append(f"{name} was drained, but is not cordoned at the end")
+    return out
+
+
+def retry_violations(job: str, retries: int, failing_strikes: int) -> list[str]:
+    """Only a strike that kills a worker (a node's death, a worker's) may
+    spend one of the job's retries: not a restart of a service or an agent,
+    not an outage of the bus, not an operator's stop or drain."""
+    if retries <= failing_strikes:
+        return []
+    return [f"{job} spent {retries} retries, but only {failing_strikes} strike(s) killed "
+            "its workers"]
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,8 @@ from __future__ import annotations
 from libs.events import (
     JobPlaced,
     JobPlacedData,
+    NodeCommandData,
+    NodeDrainRequested,
     WorkerExited,
     WorkerExitedData,
     WorkerSlot,
@@ -15,11 +17,13 @@ from libs.events import (
 from tests.chaos.invariants import (
     AttemptStart,
     agent_violations,
+    drain_violations,
     history_violations,
     placement_violations,
     process_violations,
     quarantine_violations,
     resume_violations,
+    retry_violations,
 )
 from tests.chaos.schedule import KINDS, plan_kills
 
@@ -108,14 +112,18 @@ def test_resume_from_the_newest_complete_checkpoint() -> None:
 
 def test_kill_plans_are_seeded_and_bounded() -> None:
     assert plan_kills(7, 4, spare_nodes=1) == plan_kills(7, 4, spare_nodes=1)
+    every = len(KINDS)
     for seed in range(50):
-        kills = plan_kills(seed, 6, spare_nodes=1)
+        kills = plan_kills(seed, every + 4, spare_nodes=2)
         kinds = [k.kind for k in kills]
-        assert len(kills) == 6 and set(kinds[:5]) == set(KINDS)
-        assert kinds.count("node") == 1  # the gang must still fit
+        assert len(kills) == every + 4 and set(kinds[:every]) == set(KINDS)
+        assert kinds.count("node") + kinds.count("drain") == 2  # the gang must still fit
         assert all(0 <= k.delay_s <= 3.0 and 0.3 <= k.down_s <= 6.0 for k in kills)
         assert not kills[0].hurry  # the first kill finds the job running
-    assert "node" not in {k.kind for k in plan_kills(3, 5, spare_nodes=0)}
+        one = [k.kind for k in plan_kills(seed, every + 4, spare_nodes=1)]
+        assert one.count("node") + one.count("drain") == 1
+        assert len(set(one[:every - 1])) == every - 1
+    assert not {"node", "drain"} & {k.kind for k in plan_kills(3, 12, spare_nodes=0)}
 
 
 def test_an_agent_restart_must_not_evacuate_its_node() -> None:
@@ -125,3 +133,24 @@ def test_an_agent_restart_must_not_evacuate_its_node() -> None:
     assert agent_violations(faults, restarted=["n1", "n2", "n3"], killed=["n3"]) == [
         "n1's agent was restarted while its workers ran, yet failover evacuated it "
         "(heartbeat_missed, jobs ['j'])"]
+
+
+def drain(node: str) -> NodeDrainRequested:
+    return NodeDrainRequested(source="t", node=node, data=NodeCommandData(by="op"))
+
+
+def test_a_drained_node_takes_no_new_worker_and_stays_cordoned() -> None:
+    events = [placed(1, "n1", "n2"), drain("n2"), placed(2, "n1", "n3")]
+    assert drain_violations(events, {"n2": {"cordoned": True}}, ["n2"]) == []
+    found = drain_violations([*events, placed(3, "n2", "n3"), drain("n4")],
+                             {"n2": {"cordoned": False}, "n4": {"cordoned": True}},
+                             ["n2", "n4", "n5"])
+    assert found == ["j attempt 3 rank 0 placed on n2 after it was drained",
+                     "n2 was drained, but is not cordoned at the end",
+                     "n5 was drained, but no drain request is in the stream"]
+
+
+def test_only_a_strike_that_kills_workers_spends_a_retry() -> None:
+    assert retry_violations("j", 2, failing_strikes=2) == []
+    assert retry_violations("j", 3, failing_strikes=2) == [
+        "j spent 3 retries, but only 2 strike(s) killed its workers"]

@@ -1,16 +1,21 @@
 """Chaos on the embedded stack: a 2-node training job with checkpoints runs
 on 4 local nodes while a seeded schedule SIGKILLs a node (agent and
 workers), one worker of the job, the scheduler (restarted), nats-server
-itself (restarted on the same port and store, so JetStream state persists)
-and the bench agent of one of the job's nodes (SIGTERM or SIGKILL, then
-restarted: its workers run on). Afterwards the invariants in ``invariants``
-must hold: the job completes, the history table has every control event
-exactly once, no node is out of service without an open fault, no node is
-evacuated for its agent's restart, nothing is placed or run twice, and
+itself (restarted on the same port and store, so JetStream state persists),
+the bench agent of one of the job's nodes (SIGTERM or SIGKILL, then
+restarted: its workers run on) and one of the other services (failover, the
+Lens collector, the bench coordinator or bootstrap, restarted); and an
+operator upgrades the platform (every service and agent stopped and started
+again at once), stops and resumes the job and drains one of its nodes
+through the real CLI. Afterwards the invariants in ``invariants`` must hold:
+the job completes, the history table has every control event exactly once,
+no node is out of service without an open fault, no node is evacuated for
+its agent's restart, nothing is placed or run twice, no worker is placed on
+a drained node, no retry is spent but by a strike that killed a worker, and
 every attempt resumed from the newest complete checkpoint.
 
-Seeds: ``PRIMUS_CHAOS_SEEDS=1,2,3`` (default ``1,4``), kills per run:
-``PRIMUS_CHAOS_KILLS`` (default 5, one of each kind). A failure names its
+Seeds: ``PRIMUS_CHAOS_SEEDS=1,2,3`` (default ``1``), kills per run:
+``PRIMUS_CHAOS_KILLS`` (default 9, one of each kind). A failure names its
 seed, and ``PRIMUS_CHAOS_SEEDS=<seed> pytest tests/chaos`` replays the same
 schedule (the timing of the stack itself is not seeded: a replay hits the
 same kinds, order, pauses and outages, not always the same instant).
@@ -26,34 +31,45 @@ import re
 import signal
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from libs.bus import Bus
-from libs.embedded import EmbeddedStack
+from libs.embedded import SERVICES, EmbeddedStack
 from libs.events import Event, JobSpec, JobSubmitted, JobSubmittedData, parse_event
 from libs.sdk import latest_complete_checkpoint
 from tests.chaos.invariants import (
     AttemptStart,
     agent_violations,
+    drain_violations,
     history_violations,
     placement_violations,
     process_violations,
     quarantine_violations,
     resume_violations,
+    retry_violations,
 )
-from tests.chaos.schedule import Kill, plan_kills
-from tests.helpers import ROOT, bucket, trouble
+from tests.chaos.schedule import KINDS, Kill, plan_kills
+from tests.helpers import ROOT, bucket, run_cli, trouble
 
-pytestmark = [pytest.mark.chaos, pytest.mark.e2e, pytest.mark.timeout(480)]
+KILLS = int(os.environ.get("PRIMUS_CHAOS_KILLS", str(len(KINDS))))
+# Long enough that every strike finds the job still training, short enough
+# not to train on long after the last one: the workers keep a fixed pace (a
+# step takes at least STEP_S, so a run lasts as long on a fast machine as on
+# a slow one), and a strike costs the job some seconds of it (its pause, an
+# outage, a restart from the last checkpoint).
+STEP_S, CHECKPOINT_INTERVAL = 0.02, 20
+ITERATIONS = int(3.0 / STEP_S) * max(KILLS, 2)
+JOB_BOUND_S = 120.0 + 30.0 * KILLS  # from submission to completion, strikes included
+pytestmark = [pytest.mark.chaos, pytest.mark.e2e, pytest.mark.timeout(JOB_BOUND_S + 240)]
 
-SEEDS = [int(s) for s in os.environ.get("PRIMUS_CHAOS_SEEDS", "1,4").split(",") if s.strip()]
+SEEDS = [int(s) for s in os.environ.get("PRIMUS_CHAOS_SEEDS", "1").split(",") if s.strip()]
 NODES, WORKERS = 4, 2
-KILLS = int(os.environ.get("PRIMUS_CHAOS_KILLS", "5"))
-ITERATIONS, CHECKPOINT_INTERVAL = 400, 20
-JOB_BOUND_S = 300.0  # from submission to completion, kills and back-offs included
+# The services a "service" strike picks from; the scheduler has its own kind.
+OTHERS = [s for s in SERVICES if s != "scheduler"]
 WORKER = Path(__file__).with_name("chaos_worker.py")
 RESUMED = re.compile(r"resumed from checkpoint at iteration (\d+)")
 DONE = re.compile(r"done: \d+ iterations \(from (\d+)\)")
@@ -153,15 +169,15 @@ async def _run(stack: EmbeddedStack, seed: int, kills: list[Kill], tmp_path: Pat
         spec = JobSpec(name=job, workers=WORKERS, gpus_per_worker=1, max_retry=10,
                        checkpoint_interval=CHECKPOINT_INTERVAL, workdir=str(ROOT),
                        command=["python", str(WORKER), str(marker),
-                                "--iterations", str(ITERATIONS)])
+                                "--iterations", str(ITERATIONS),
+                                "--min-step-s", str(STEP_S)])
         await bus.publish(JobSubmitted(source="chaos", job=job, data=JobSubmittedData(spec=spec)))
         submitted = time.monotonic()
 
         async def record() -> dict[str, Any]:
             return json.loads((await (await bus.kv("jobs")).get(job)).value)
 
-        killed_nodes: list[str] = []
-        restarted_agents: list[str] = []
+        struck = Struck()
         mark = 0
         for kill in kills:
             async def progressed(mark: int = mark) -> bool:
@@ -177,15 +193,17 @@ async def _run(stack: EmbeddedStack, seed: int, kills: list[Kill], tmp_path: Pat
             await asyncio.sleep(kill.delay_s)
             mark = ckpts.newest()
             current = await poll(record, "the job record", 30)
-            note(f"{kill.kind} kill at step {mark}, attempt {current['attempt']}: "
-                 + await _kill(bus, stack, kill, job, current, killed_nodes,
-                               restarted_agents))
+            note(f"{kill.kind} strike at step {mark}, attempt {current['attempt']}: "
+                 + await _kill(bus, stack, kill, job, current, struck))
+        # What the operator's commands said; each failure is a violation.
+        for what, (at, said) in zip([w for w, _ in struck.commands], await asyncio.gather(
+                *(task for _, task in struck.commands)), strict=True):
+            note(f"{what}, done at {at - t0:.1f}s: {said}")
         final = await poll(_ended(record), f"job {job} to end",
                            JOB_BOUND_S - (time.monotonic() - submitted))
         note(f"job {final['status']} after {final['attempt']} attempt(s)")
         assert final["status"] == "completed", f"job {final['status']}: {final['reason']}"
-        return await _check(bus, stack, job, final, ckpts, marker, killed_nodes,
-                            restarted_agents)
+        return await _check(bus, stack, job, final, ckpts, marker, struck)
     finally:
         watcher.cancel()
         await bus.close()
@@ -198,16 +216,39 @@ def _ended(record: Callable[[], Awaitable[dict[str, Any]]]) -> Callable[[], Awai
     return ended
 
 
+@dataclass
+class Struck:
+    """What the strikes took: nodes killed, nodes whose agent alone was
+    restarted, nodes drained, and how many strikes killed a worker."""
+
+    killed: list[str] = field(default_factory=list)
+    restarted: list[str] = field(default_factory=list)
+    drained: list[str] = field(default_factory=list)
+    worker_kills: int = 0
+    # The operator's commands under way: what, and (when it was done, what it said).
+    commands: list[tuple[str, asyncio.Task[tuple[float, str]]]] = field(default_factory=list)
+
+    def command(self, what: str, act: Awaitable[str]) -> None:
+        async def timed() -> tuple[float, str]:
+            said = await act
+            return time.monotonic(), said
+
+        self.commands.append((what, asyncio.create_task(timed())))
+
+    def live(self, stack: EmbeddedStack) -> list[str]:
+        return [n for n in stack.node_names if n not in self.killed + self.drained]
+
+
 async def _kill(bus: Bus, stack: EmbeddedStack, kill: Kill, job: str, record: dict[str, Any],
-                killed_nodes: list[str], restarted_agents: list[str]) -> str:
-    """Do one kill of the schedule; says what it hit."""
+                struck: Struck) -> str:
+    """Do one strike of the schedule; says what it hit."""
     if kill.kind == "agent":
         # Its point is a node whose workers run on: wait for the job to run.
         deadline = time.monotonic() + 30
         while not record["slots"] and time.monotonic() < deadline:
             await asyncio.sleep(0.2)
             record = json.loads((await (await bus.kv("jobs")).get(job)).value)
-        nodes = [s["node"] for s in record["slots"] if s["node"] not in killed_nodes]
+        nodes = [s["node"] for s in record["slots"] if s["node"] not in struck.killed]
         if record["status"] != "running" or not nodes:
             return "the job does not run now: no agent to restart"
         node = kill.choose(nodes)
@@ -217,15 +258,15 @@ async def _kill(bus: Bus, stack: EmbeddedStack, kill: Kill, job: str, record: di
         with contextlib.suppress(ProcessLookupError):
             os.killpg(stack.procs[name].pid, sig)
         await asyncio.to_thread(stack.procs[name].wait, 30)
-        restarted_agents.append(node)
+        struck.restarted.append(node)
         await asyncio.sleep(kill.down_s)
         stack.spawn(name, *stack.args[name])
         return f"{node}'s agent {sig.name} and down for {kill.down_s} s"
     if kill.kind == "node":
         # The job's node; between attempts, any live node (it may be next).
-        node = kill.choose([s["node"] for s in record["slots"]] or [
-            n for n in stack.node_names if n not in killed_nodes])
-        killed_nodes.append(node)
+        node = kill.choose([s["node"] for s in record["slots"]] or struck.live(stack))
+        struck.killed.append(node)
+        struck.worker_kills += 1  # its workers, or the next attempt's placed there
         return f"{node} dies (workers {stack.kill_node(node)})"
     if kill.kind == "worker":
         workers = {}
@@ -239,12 +280,56 @@ async def _kill(bus: Bus, stack: EmbeddedStack, kill: Kill, job: str, record: di
         target = kill.choose(list(workers))
         with contextlib.suppress(ProcessLookupError):
             os.killpg(workers[target], signal.SIGKILL)
+        struck.worker_kills += 1
         return f"worker node/rank/pid {target} killed"
-    if kill.kind == "scheduler":
-        stack.kill("scheduler")
+    if kill.kind == "stop":
+        # An operator's command waits until it is carried out, and the next
+        # strike does not wait for it: a service may die under it.
+        async def stop_then_resume() -> str:
+            said = await _operator(stack, "stop", job, "--reason", "chaos: maintenance")
+            if said is None:
+                return "the job ended before the stop"
+            await asyncio.sleep(kill.down_s)
+            again = await _operator(stack, "resume", job)
+            return f"{said}; {kill.down_s} s later {again or 'the job had ended'}"
+
+        struck.command("stop and resume", stop_then_resume())
+        return f"stop requested (resume {kill.down_s} s after it is done)"
+    if kill.kind == "drain":
+        # The job's node; between attempts, any live node (it may be next).
+        node = kill.choose([s["node"] for s in record["slots"] if s["node"] not in struck.killed]
+                           or struck.live(stack))
+        struck.drained.append(node)
+
+        async def drain() -> str:
+            said = await _operator(stack, "node", "drain", node, "--reason",
+                                   "chaos: maintenance")
+            return said or "the job ended before the drain"
+
+        struck.command(f"drain of {node}", drain())
+        return f"drain of {node} requested"
+    if kill.kind == "upgrade":
+        # `helm upgrade` of the whole platform, at its harshest: every
+        # service and every live agent stopped cleanly at once, then started
+        # again; the workers run on.
+        agents = [f"agent-{n}" for n in stack.node_names if n not in struck.killed]
+        names = [*SERVICES, *agents]
+        for name in names:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(stack.procs[name].pid, signal.SIGTERM)
+        for name in names:
+            await asyncio.to_thread(stack.procs[name].wait, 30)
+        struck.restarted += [a.removeprefix("agent-") for a in agents]
         await asyncio.sleep(kill.down_s)
-        stack.restart("scheduler")
-        return f"scheduler down for {kill.down_s} s"
+        for name in names:
+            stack.spawn(name, *stack.args[name])
+        return f"every service and agent stopped, back after {kill.down_s} s"
+    if kill.kind in ("scheduler", "service"):
+        name = "scheduler" if kill.kind == "scheduler" else kill.choose(OTHERS)
+        stack.kill(name)
+        await asyncio.sleep(kill.down_s)
+        stack.restart(name)
+        return f"{name} down for {kill.down_s} s"
     assert stack.nats is not None
     stack.nats.kill()
     await asyncio.sleep(kill.down_s)
@@ -252,9 +337,24 @@ async def _kill(bus: Bus, stack: EmbeddedStack, kill: Kill, job: str, record: di
     return f"nats-server down for {kill.down_s} s"
 
 
+async def _operator(stack: EmbeddedStack, *args: str) -> str | None:
+    """An operator's command through the real CLI, which waits until it is
+    carried out; what it said, or None when the job had already ended (an
+    operator's stop that races the job's end is refused, rightly)."""
+    assert stack.nats is not None
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PRIMUS_")}
+    env.update(PRIMUS_NATS_URL=stack.nats.url, PRIMUS_NATS_TOKEN=stack.nats.token or "")
+    done = await asyncio.to_thread(run_cli, *args, "--json", env=env, timeout=200)
+    if done.returncode != 0:
+        if re.search(r"it is (completed|failed)", done.stderr):
+            return None
+        raise AssertionError(f"primus-safe {' '.join(args)} exited {done.returncode}: "
+                             f"{done.stderr.strip() or done.stdout.strip()}")
+    return json.loads(done.stdout)["message"]
+
+
 async def _check(bus: Bus, stack: EmbeddedStack, job: str, final: dict[str, Any],
-                 ckpts: Checkpoints, marker: Path, killed_nodes: list[str],
-                 restarted_agents: list[str]) -> list[str]:
+                 ckpts: Checkpoints, marker: Path, struck: Struck) -> list[str]:
     """Gather what the run left and ask every invariant about it."""
     async def stream() -> list[Event]:
         last = (await bus.js.stream_info("CONTROL")).state.last_seq
@@ -287,13 +387,16 @@ async def _check(bus: Bus, stack: EmbeddedStack, job: str, final: dict[str, Any]
     # last beat: give failover that long.
     async def quarantined() -> bool:
         return not quarantine_violations(await bucket(bus, "nodes"),
-                                         (await bucket(bus, "faults")).values(), killed_nodes)
+                                         (await bucket(bus, "faults")).values(), struck.killed)
 
     with contextlib.suppress(AssertionError):  # what is wrong is reported below
         await poll(quarantined, "failover to quarantine the killed nodes", 45)
     faults = (await bucket(bus, "faults")).values()
-    found += quarantine_violations(await bucket(bus, "nodes"), faults, killed_nodes)
-    found += agent_violations(faults, restarted_agents, killed_nodes)
+    nodes = await bucket(bus, "nodes")
+    found += quarantine_violations(nodes, faults, struck.killed)
+    found += agent_violations(faults, struck.restarted, struck.killed)
+    found += drain_violations(events, nodes, struck.drained)
+    found += retry_violations(job, final["retries"], struck.worker_kills)
 
     # Attempts that trained to the end reported steps; wait for Lens to have them.
     trained = {a for a, logs in _rank_logs(stack.state_dir, job).items()
