@@ -61,7 +61,7 @@ from libs.events import (
 from libs.kv import Records
 from libs.logs import get_logger
 from libs.metrics import ServiceMetrics
-from libs.records import FAULTS, NODES, FaultRecord
+from libs.records import FAULTS, JOBS, NODES, FaultRecord
 from libs.settings import Settings
 from libs.specs import load_model
 from libs.tasks import cancel_and_wait
@@ -155,6 +155,14 @@ class Failover:
         for name, node in (await (await bus.records(NODES)).load()).items():
             # A node in service has beaten before; one still onboarding may not have.
             self.monitor.watch(name, started, heard=node.state == "ready")
+        # Where jobs run now, from the scheduler's records. A placement made
+        # before this start was taken by the last instance, and the
+        # scheduler's re-announcement after its own restart is dropped by
+        # JetStream as a repeat: without this a node whose agent restarts
+        # with failover (an upgrade) looks empty and is evacuated at once.
+        for job in (await (await bus.records(JOBS)).load()).values():
+            if job.holds_gpus and job.slots:
+                self.placements[job.id] = (job.attempt, set(job.nodes))
         self.kv = await bus.records(FAULTS)
         self.book.faults = await self.kv.load()
         if self.nodes is None:

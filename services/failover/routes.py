@@ -28,7 +28,7 @@ from libs.events import (
     NodeStateChanged,
     WorkerExited,
 )
-from libs.records import FAULTS, NODES
+from libs.records import FAULTS, JOBS, NODES
 from libs.routes import Consumer, On, Routes
 from libs.topology import CONTROL, TELEMETRY
 
@@ -59,7 +59,7 @@ ROUTES = Routes(
     ),
     publishes=(FaultOpened, FaultMitigated, FaultRecovered, FaultClosed, JobRecover, LogRecord),
     owns=(FAULTS,),
-    reads=(NODES,),  # only registered nodes are judged
+    reads=(NODES, JOBS),  # only registered nodes are judged; where jobs run at start
     # Before evacuating a node whose agent is silent: do its workers still run?
     calls=(NODE_WORKERS,),
     # Heartbeats: core NATS, heard by libs.beats (no stream keeps them).

@@ -41,6 +41,7 @@ from libs.bus import Bus
 from libs.embedded import SERVICES, EmbeddedStack
 from libs.events import Event, JobSpec, JobSubmitted, JobSubmittedData, parse_event
 from libs.sdk import latest_complete_checkpoint
+from libs.settings import Settings
 from tests.chaos.invariants import (
     AttemptStart,
     agent_violations,
@@ -225,6 +226,7 @@ class Struck:
     restarted: list[str] = field(default_factory=list)
     drained: list[str] = field(default_factory=list)
     worker_kills: int = 0
+    announced: bool = False  # an agent stopped cleanly, saying when it would be back
     # The operator's commands under way: what, and (when it was done, what it said).
     commands: list[tuple[str, asyncio.Task[tuple[float, str]]]] = field(default_factory=list)
 
@@ -259,6 +261,7 @@ async def _kill(bus: Bus, stack: EmbeddedStack, kill: Kill, job: str, record: di
             os.killpg(stack.procs[name].pid, sig)
         await asyncio.to_thread(stack.procs[name].wait, 30)
         struck.restarted.append(node)
+        struck.announced |= sig == signal.SIGTERM
         await asyncio.sleep(kill.down_s)
         stack.spawn(name, *stack.args[name])
         return f"{node}'s agent {sig.name} and down for {kill.down_s} s"
@@ -320,6 +323,7 @@ async def _kill(bus: Bus, stack: EmbeddedStack, kill: Kill, job: str, record: di
         for name in names:
             await asyncio.to_thread(stack.procs[name].wait, 30)
         struck.restarted += [a.removeprefix("agent-") for a in agents]
+        struck.announced = True
         await asyncio.sleep(kill.down_s)
         for name in names:
             stack.spawn(name, *stack.args[name])
@@ -384,13 +388,16 @@ async def _check(bus: Bus, stack: EmbeddedStack, job: str, final: dict[str, Any]
     # A node killed in the job's last seconds (or after it ended) is found
     # by its missed heartbeats a few seconds later, and, while the scheduler
     # cannot answer for its workers, up to twice its lease (30 s) after its
-    # last beat: give failover that long.
+    # last beat: give failover that long. An agent stopped cleanly (an
+    # upgrade, a rollout) announced it would be back within its grace; a node
+    # killed before its agent beat again is judged when that grace is over.
     async def quarantined() -> bool:
         return not quarantine_violations(await bucket(bus, "nodes"),
                                          (await bucket(bus, "faults")).values(), struck.killed)
 
+    grace_s = Settings.model_fields["agent_restart_grace_s"].default if struck.announced else 0
     with contextlib.suppress(AssertionError):  # what is wrong is reported below
-        await poll(quarantined, "failover to quarantine the killed nodes", 45)
+        await poll(quarantined, "failover to quarantine the killed nodes", 45 + grace_s)
     faults = (await bucket(bus, "faults")).values()
     nodes = await bucket(bus, "nodes")
     found += quarantine_violations(nodes, faults, struck.killed)

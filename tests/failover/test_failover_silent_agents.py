@@ -34,7 +34,7 @@ from libs.events import (
 )
 from libs.settings import Settings
 from services.failover.app import SUSPECT_RECHECK_S, Failover
-from tests.helpers import ready_nodes, until
+from tests.helpers import job_record, ready_nodes, until
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -186,3 +186,38 @@ async def test_a_silent_node_whose_fault_an_operator_closed_faults_again(
             assert [f.key for f in await open_faults(failover)] == ["n2"]
         finally:
             await served.stop()
+
+
+async def test_a_failover_that_restarts_knows_where_jobs_run_from_the_records(
+        nats_url: str, bus: Bus, tmp_path: Path) -> None:
+    """An upgrade restarts failover with the agents. The placement of the
+    running job was heard by the last failover, and the scheduler's
+    re-announcement is dropped by JetStream as a repeat, so the new one
+    learns where jobs run from the ``jobs`` bucket: a node whose agent is
+    still restarting is watched while its workers run, not evacuated (a chaos
+    run, seed 8, evacuated node-2 so, and the gang no longer fit)."""
+    await ready_nodes(bus, {"n1": (8, "r1"), "n2": (8, "r1")})
+    await (await bus.kv("jobs")).put("j1", job_record("j1", "running", "n1", "n2"))
+
+    async def answer(request: NodeWorkersRequest) -> NodeWorkers:  # plays the scheduler
+        return NodeWorkers(node=request.node, workers=1, alive=True)
+
+    served = await bus.serve(NODE_WORKERS, answer)
+    failover = Failover(Settings(nats_url=nats_url, state_dir=tmp_path / "state",
+                                 heartbeat_interval_s=INTERVAL_S, heartbeat_missed=3,
+                                 leader_ttl_s=LEASE_S))
+    await failover.start(bus)
+    try:
+        assert failover._jobs_on("n2") == ["j1"]
+        # n1 beats; n2's agent never comes back from the upgrade.
+        stop = asyncio.Event()
+        beats = asyncio.create_task(_beat(bus, {"n1"}, stop))
+        try:
+            await watching(failover, ["n2"], "n2 to be watched")
+            assert failover.health()["faults_open"] == []
+        finally:
+            stop.set()
+            await beats
+    finally:
+        await failover.stop()
+        await served.stop()
