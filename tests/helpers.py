@@ -103,6 +103,14 @@ def stack_cli_env(state_dir: Path) -> dict[str, str]:
     return env
 
 
+def bus_cli_env(nats_url: str) -> dict[str, str]:
+    """The environment a CLI call against a bare nats-server needs: its URL,
+    and no other PRIMUS_ setting."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PRIMUS_")}
+    env["PRIMUS_NATS_URL"] = nats_url
+    return env
+
+
 def trouble(log_dir: Path, last: int = 8) -> str:
     """The last ``last`` warnings and errors of each service log in
     ``log_dir`` (JSON lines), for a failed stack test's message: CI keeps

@@ -54,7 +54,7 @@ from tests.chaos.invariants import (
     retry_violations,
 )
 from tests.chaos.schedule import KINDS, Kill, plan_kills
-from tests.helpers import ROOT, bucket, run_cli, trouble
+from tests.helpers import ROOT, bucket, run_cli, stack_cli_env, trouble
 
 KILLS = int(os.environ.get("PRIMUS_CHAOS_KILLS", str(len(KINDS))))
 # Long enough that every strike finds the job still training, short enough
@@ -197,8 +197,8 @@ async def _run(stack: EmbeddedStack, seed: int, kills: list[Kill], tmp_path: Pat
             note(f"{kill.kind} strike at step {mark}, attempt {current['attempt']}: "
                  + await _kill(bus, stack, kill, job, current, struck))
         # What the operator's commands said; each failure is a violation.
-        for what, (at, said) in zip([w for w, _ in struck.commands], await asyncio.gather(
-                *(task for _, task in struck.commands)), strict=True):
+        for what, task in struck.commands:
+            at, said = await task
             note(f"{what}, done at {at - t0:.1f}s: {said}")
         final = await poll(_ended(record), f"job {job} to end",
                            JOB_BOUND_S - (time.monotonic() - submitted))
@@ -220,12 +220,13 @@ def _ended(record: Callable[[], Awaitable[dict[str, Any]]]) -> Callable[[], Awai
 @dataclass
 class Struck:
     """What the strikes took: nodes killed, nodes whose agent alone was
-    restarted, nodes drained, and how many strikes killed a worker."""
+    restarted, nodes drained, and how many strikes killed workers (the only
+    ones that may spend a retry)."""
 
     killed: list[str] = field(default_factory=list)
     restarted: list[str] = field(default_factory=list)
     drained: list[str] = field(default_factory=list)
-    worker_kills: int = 0
+    failing_strikes: int = 0
     announced: bool = False  # an agent stopped cleanly, saying when it would be back
     # The operator's commands under way: what, and (when it was done, what it said).
     commands: list[tuple[str, asyncio.Task[tuple[float, str]]]] = field(default_factory=list)
@@ -240,6 +241,10 @@ class Struck:
     def live(self, stack: EmbeddedStack) -> list[str]:
         return [n for n in stack.node_names if n not in self.killed + self.drained]
 
+    def running_on(self, record: dict[str, Any]) -> list[str]:
+        """The job's nodes that have not been killed."""
+        return [s["node"] for s in record["slots"] if s["node"] not in self.killed]
+
 
 async def _kill(bus: Bus, stack: EmbeddedStack, kill: Kill, job: str, record: dict[str, Any],
                 struck: Struck) -> str:
@@ -250,26 +255,23 @@ async def _kill(bus: Bus, stack: EmbeddedStack, kill: Kill, job: str, record: di
         while not record["slots"] and time.monotonic() < deadline:
             await asyncio.sleep(0.2)
             record = json.loads((await (await bus.kv("jobs")).get(job)).value)
-        nodes = [s["node"] for s in record["slots"] if s["node"] not in struck.killed]
+        nodes = struck.running_on(record)
         if record["status"] != "running" or not nodes:
             return "the job does not run now: no agent to restart"
         node = kill.choose(nodes)
         # A crash or a clean stop (a DaemonSet rollout), a fair coin on the seed.
         sig = signal.SIGKILL if kill.pick < 0.75 else signal.SIGTERM
-        name = f"agent-{node}"
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(stack.procs[name].pid, sig)
-        await asyncio.to_thread(stack.procs[name].wait, 30)
+        await _stop(stack, [f"agent-{node}"], sig)
         struck.restarted.append(node)
         struck.announced |= sig == signal.SIGTERM
         await asyncio.sleep(kill.down_s)
-        stack.spawn(name, *stack.args[name])
+        stack.restart(f"agent-{node}")
         return f"{node}'s agent {sig.name} and down for {kill.down_s} s"
     if kill.kind == "node":
         # The job's node; between attempts, any live node (it may be next).
         node = kill.choose([s["node"] for s in record["slots"]] or struck.live(stack))
         struck.killed.append(node)
-        struck.worker_kills += 1  # its workers, or the next attempt's placed there
+        struck.failing_strikes += 1  # its workers, or the next attempt's placed there
         return f"{node} dies (workers {stack.kill_node(node)})"
     if kill.kind == "worker":
         workers = {}
@@ -283,7 +285,7 @@ async def _kill(bus: Bus, stack: EmbeddedStack, kill: Kill, job: str, record: di
         target = kill.choose(list(workers))
         with contextlib.suppress(ProcessLookupError):
             os.killpg(workers[target], signal.SIGKILL)
-        struck.worker_kills += 1
+        struck.failing_strikes += 1
         return f"worker node/rank/pid {target} killed"
     if kill.kind == "stop":
         # An operator's command waits until it is carried out, and the next
@@ -300,8 +302,7 @@ async def _kill(bus: Bus, stack: EmbeddedStack, kill: Kill, job: str, record: di
         return f"stop requested (resume {kill.down_s} s after it is done)"
     if kill.kind == "drain":
         # The job's node; between attempts, any live node (it may be next).
-        node = kill.choose([s["node"] for s in record["slots"] if s["node"] not in struck.killed]
-                           or struck.live(stack))
+        node = kill.choose(struck.running_on(record) or struck.live(stack))
         struck.drained.append(node)
 
         async def drain() -> str:
@@ -316,17 +317,12 @@ async def _kill(bus: Bus, stack: EmbeddedStack, kill: Kill, job: str, record: di
         # service and every live agent stopped cleanly at once, then started
         # again; the workers run on.
         agents = [f"agent-{n}" for n in stack.node_names if n not in struck.killed]
-        names = [*SERVICES, *agents]
-        for name in names:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(stack.procs[name].pid, signal.SIGTERM)
-        for name in names:
-            await asyncio.to_thread(stack.procs[name].wait, 30)
+        await _stop(stack, [*SERVICES, *agents], signal.SIGTERM)
         struck.restarted += [a.removeprefix("agent-") for a in agents]
         struck.announced = True
         await asyncio.sleep(kill.down_s)
-        for name in names:
-            stack.spawn(name, *stack.args[name])
+        for name in [*SERVICES, *agents]:
+            stack.restart(name)
         return f"every service and agent stopped, back after {kill.down_s} s"
     if kill.kind in ("scheduler", "service"):
         name = "scheduler" if kill.kind == "scheduler" else kill.choose(OTHERS)
@@ -341,14 +337,22 @@ async def _kill(bus: Bus, stack: EmbeddedStack, kill: Kill, job: str, record: di
     return f"nats-server down for {kill.down_s} s"
 
 
+async def _stop(stack: EmbeddedStack, names: list[str], sig: signal.Signals) -> None:
+    """Signal each process of the stack (with its group), then wait until
+    each has exited: all at once, as an upgrade stops them."""
+    for name in names:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(stack.procs[name].pid, sig)
+    for name in names:
+        await asyncio.to_thread(stack.procs[name].wait, 30)
+
+
 async def _operator(stack: EmbeddedStack, *args: str) -> str | None:
     """An operator's command through the real CLI, which waits until it is
     carried out; what it said, or None when the job had already ended (an
     operator's stop that races the job's end is refused, rightly)."""
-    assert stack.nats is not None
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PRIMUS_")}
-    env.update(PRIMUS_NATS_URL=stack.nats.url, PRIMUS_NATS_TOKEN=stack.nats.token or "")
-    done = await asyncio.to_thread(run_cli, *args, "--json", env=env, timeout=200)
+    done = await asyncio.to_thread(run_cli, *args, "--json", env=stack_cli_env(stack.state_dir),
+                                   timeout=200)
     if done.returncode != 0:
         if re.search(r"it is (completed|failed)", done.stderr):
             return None
@@ -403,7 +407,7 @@ async def _check(bus: Bus, stack: EmbeddedStack, job: str, final: dict[str, Any]
     found += quarantine_violations(nodes, faults, struck.killed)
     found += agent_violations(faults, struck.restarted, struck.killed)
     found += drain_violations(events, nodes, struck.drained)
-    found += retry_violations(job, final["retries"], struck.worker_kills)
+    found += retry_violations(job, final["retries"], struck.failing_strikes)
 
     # Attempts that trained to the end reported steps; wait for Lens to have them.
     trained = {a for a, logs in _rank_logs(stack.state_dir, job).items()

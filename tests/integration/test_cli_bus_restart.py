@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -16,7 +15,7 @@ from libs.bus import Bus
 from libs.drivers.local import reap_all
 from libs.embedded import NatsServer
 from libs.events import JobSpec, JobSubmitted, JobSubmittedData
-from tests.helpers import ROOT, ready_nodes, run_cli, until
+from tests.helpers import ROOT, bus_cli_env, ready_nodes, run_cli, until
 from tests.integration.test_job_control import events_of
 from tests.integration.test_scheduler_service import scheduler
 
@@ -34,8 +33,7 @@ async def test_a_waiting_stop_rides_out_a_bus_restart(tmp_path: Path) -> None:
     state = tmp_path / "state"
     await ready_nodes(bus, {"n1": (1, "r1")})
     proc = scheduler(server.url, state, tmp_path / "sched.log")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PRIMUS_")}
-    env.update(PRIMUS_NATS_URL=server.url)
+    env = bus_cli_env(server.url)
     job = "sleepy"
     spec = JobSpec(name=job, workers=1, gpus_per_worker=1, workdir=str(ROOT),
                    command=["python", "-c", "import time; time.sleep(600)"])
@@ -83,8 +81,7 @@ async def test_watch_shows_the_outage_and_goes_on(tmp_path: Path) -> None:
     await bus.ensure_topology()
     await ready_nodes(bus, {"n1": (8, "r1")})
     await bus.close()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PRIMUS_")}
-    env.update(PRIMUS_NATS_URL=server.url)
+    env = bus_cli_env(server.url)
     watch = subprocess.Popen([sys.executable, "-m", "cli.main", "nodes", "--watch",
                               "--interval", "0.3"], env=env, cwd=ROOT, text=True,
                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
