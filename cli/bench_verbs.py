@@ -22,7 +22,7 @@ from typing import Any
 from rich.console import Console
 from rich.status import Status
 
-from cli.client import CliError, connect, read_bucket
+from cli.client import BUS_DOWN, CliError, connect, read_bucket
 from cli.output import load_settings, print_rows
 from libs.bus import Bus
 from libs.events import BenchRequest, BenchRequestData, BenchResult, check_key
@@ -87,9 +87,12 @@ async def _run(node: str, level: str, timeout_s: float, status: Status | None,
             status.update(f"{level} bench on {node}: {text} "
                           f"({time.monotonic() - watch.started:.0f} s)")
 
+    heard: set[str] = set()
+
     async def on_result(event: BenchResult) -> None:
-        if not watch.ours(event):
+        if not watch.ours(event) or event.id in heard:
             return
+        heard.add(event.id)
         watch.heard = time.monotonic()
         if event.data.judged_by == "coordinator":
             watch.verdict = event
@@ -110,15 +113,29 @@ async def _run(node: str, level: str, timeout_s: float, status: Status | None,
             watch.heard = time.monotonic()
             show(("retry: " if "-retry" in line.request_id else "") + line.step)
 
+    async def catch_up(after: int) -> None:
+        """Results stored while the connection was down: the live
+        subscription misses them, the stream keeps them."""
+        for _, event in await bus.stored_after(BenchResult, after, node=node):
+            await on_result(event)  # type: ignore[arg-type]
+
     try:
         # Listen before asking, so a fast agent's answer is not missed.
         subs = [await bus.listen(BenchResult, on_result, node=node),
                 await bus.subscribe(PROGRESS, on_progress, node=node)]
-        await bus.publish(request)
+        asked = await bus.publish_at(request)
         deadline = time.monotonic() + timeout_s
+        drops = bus.link.disconnects
         try:
             while not _finished(watch, level):
                 left = deadline - time.monotonic()
+                if bus.link.state == "connected" and (drops != bus.link.disconnects
+                                                      or left <= 0):
+                    drops = bus.link.disconnects
+                    with contextlib.suppress(*BUS_DOWN):
+                        await catch_up(asked)
+                    if _finished(watch, level):
+                        break
                 if left <= 0:
                     break
                 changed.clear()

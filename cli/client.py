@@ -250,6 +250,11 @@ async def submit(path: str) -> str:
     return job
 
 
+# What a bus in the middle of a restart raises: the request already sent
+# stands, and the connection comes back by itself.
+BUS_DOWN = (nats.errors.Error, ConnectionError, TimeoutError)
+
+
 async def wait_for(check: Callable[[], Awaitable[T | None]], timeout_s: float,
                    late: Callable[[], str]) -> T:
     """The first answer of ``check`` that is not None, asked every 0.2 s; a
@@ -264,7 +269,7 @@ async def wait_for(check: Callable[[], Awaitable[T | None]], timeout_s: float,
     while True:
         try:
             answer = await check()
-        except (nats.errors.Error, ConnectionError, TimeoutError) as exc:
+        except BUS_DOWN as exc:
             if failing is None:
                 print(f"primus-safe: the bus failed ({bus_failure(exc)}); the request is on "
                       "it already, still waiting", file=sys.stderr)

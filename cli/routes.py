@@ -38,6 +38,8 @@ ROUTES = Routes(
     calls=(ADMISSION, APPLY, REMOVE, LENS_QUERY, REPORT, SEARCH, SWEEP, ANY_HEALTH),
     # bench run --wait watches its node's results and progress; up waits for heartbeats.
     listens=(BenchResult, NodeHeartbeat),
+    # bench run reads the results stored while its connection was down.
+    rereads=(BenchResult,),
     serves=(Serve(PROGRESS, None),),
     service_shell=False,
 )

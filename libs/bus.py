@@ -28,6 +28,7 @@ import inspect
 import json
 import re
 import ssl
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -166,6 +167,33 @@ class Link:
     disconnects: int = 0
     reason: str = ""
     closing: bool = False  # our own close: not a loss
+    # The error log of an outage: nats-py reports every failed reconnect
+    # (twice a second here), so a repeat of the same error is counted and
+    # logged at most every ERROR_LOG_EVERY_S.
+    logged: str = ""
+    logged_at: float = float("-inf")
+    unlogged: int = 0
+    down_since: float | None = None
+
+    def log_error(self, reason: str, now: float) -> int | None:
+        """Whether to log ``reason`` now: None to keep it quiet, else how
+        many repeats were kept quiet before it."""
+        if reason == self.logged and now - self.logged_at < ERROR_LOG_EVERY_S:
+            self.unlogged += 1
+            return None
+        quiet, self.unlogged = self.unlogged, 0
+        self.logged, self.logged_at = reason, now
+        return quiet
+
+    def back(self, now: float) -> tuple[float, int] | None:
+        """The connection is back: how long it was down and how many errors
+        went unlogged (None when it was not down)."""
+        down, quiet = self.down_since, self.unlogged
+        self.down_since, self.logged, self.logged_at, self.unlogged = None, "", float("-inf"), 0
+        return None if down is None else (now - down, quiet)
+
+
+ERROR_LOG_EVERY_S = 30.0
 
 
 # Called with the reason when a connection closes that nobody closed on purpose.
@@ -294,9 +322,13 @@ class Bus:
                 user, password = url_user, url_password
 
         async def _error(exc: Exception) -> None:
-            if link.state != "connecting":  # a first connect that fails says so once, below
-                log.warning("nats error", error=str(exc) or type(exc).__name__)
             link.reason = str(exc) or type(exc).__name__
+            # A first connect that fails says so once, below.
+            quiet = None if link.state == "connecting" else \
+                link.log_error(link.reason, time.monotonic())
+            if quiet is not None:
+                log.warning("nats error", error=link.reason,
+                            **({"repeats_not_logged": quiet} if quiet else {}))
             if link.state in ("connected", "disconnected") and not link.closing \
                     and _unrecoverable(exc):
                 # faststream raises these again from this callback, which ends
@@ -315,11 +347,16 @@ class Bus:
         async def _disconnected() -> None:
             if link.state == "connected":
                 link.disconnects += 1
+                link.down_since = time.monotonic()
             if link.state != "closed":
                 link.state = "disconnected"
 
         async def _reconnected() -> None:
             link.state = "connected"
+            outage = link.back(time.monotonic())
+            if outage is not None:
+                log.info("nats reconnected", down_s=round(outage[0], 1),
+                         errors_not_logged=outage[1])
 
         async def _closed() -> None:
             link.state = "closed"
@@ -448,6 +485,19 @@ class Bus:
         """Publish durably; returns False when JetStream saw this id already.
         An event no stream keeps (a heartbeat) goes out on core NATS.
         Raises ``MessageTooLarge`` for an event the server would not take."""
+        ack = await self._publish(event)
+        return ack is None or not ack.duplicate
+
+    async def publish_at(self, event: Event) -> int:
+        """Publish durably and return the event's sequence in its stream (the
+        first copy's, when JetStream saw this id already): where to look for
+        what answered it (``stored_after``)."""
+        ack = await self._publish(event)
+        if ack is None:
+            raise ValueError(f"{event.type} goes out on core NATS: no stream keeps it")
+        return ack.seq
+
+    async def _publish(self, event: Event) -> api.PubAck | None:
         if self.routes is not None and not self.routes.may_publish(type(event)):
             raise UndeclaredRoute(f"{self.service} publishes {event.type} but its route table "
                                   f"does not say so: add it to the table's publishes")
@@ -462,25 +512,46 @@ class Bus:
             # Liveness (heartbeats): core NATS, fire and forget. A beat lost
             # to a reconnect is a late beat; the next one follows.
             await self.nc.publish(event.subject, body, headers=headers)
-            return True
-        ack = await self.js.publish(event.subject, body, headers=headers)
-        return not ack.duplicate
+            return None
+        return await self.js.publish(event.subject, body, headers=headers)
 
     async def stored(self, cls: type[Event], *, node: str | None = None,
                      job: str | None = None) -> bool:
-        """Whether the stream holds a ``cls`` event for these keys (its own
-        events a service reads back, ``Routes.rereads``)."""
+        """Whether the stream holds a ``cls`` event for these keys (events a
+        service reads back, ``Routes.rereads``)."""
+        stream, subject = self._reread(cls, node, job)
+        try:
+            await self.js.get_last_msg(stream, subject)
+        except nats.js.errors.NotFoundError:
+            return False
+        return True
+
+    async def stored_after(self, cls: type[Event], seq: int, *, node: str | None = None,
+                           job: str | None = None) -> list[tuple[int, Event]]:
+        """The ``cls`` events for these keys that the stream stored after
+        sequence ``seq``, oldest first, with their sequences: what a live
+        subscription missed while the connection was down (``Routes.rereads``;
+        one read-only message get each, no consumer)."""
+        stream, subject = self._reread(cls, node, job)
+        found: list[tuple[int, Event]] = []
+        while True:
+            try:
+                msg = await self.js.get_msg(stream, seq + 1, subject=subject, next=True)
+            except nats.js.errors.NotFoundError:
+                return found
+            seq = msg.seq or seq + 1
+            with contextlib.suppress(ValueError, RecursionError):
+                if isinstance(event := parse_event(msg.data or b""), cls):
+                    found.append((seq, event))
+
+    def _reread(self, cls: type[Event], node: str | None, job: str | None) -> tuple[str, str]:
         if self.routes is not None and cls not in self.routes.rereads:
             raise UndeclaredRoute(f"{self.service} reads back {cls.__name__} but its route "
                                   "table does not say so: add it to the table's rereads")
         subject = event_subject(cls, **{k: v for k, v in (("node", node), ("job", job)) if v})
         stream = stream_of(subject)
         assert stream is not None, f"no stream keeps {subject}"
-        try:
-            await self.js.get_last_msg(stream.name, subject)
-        except nats.js.errors.NotFoundError:
-            return False
-        return True
+        return stream.name, subject
 
     # ------------------------------------------------------------------ consume
 

@@ -215,7 +215,7 @@ class Routes:
     serves: tuple[Serve, ...] = ()
     calls: tuple[Endpoint, ...] = ()  # endpoints it requests or sends to
     listens: tuple[type[Event], ...] = ()  # events it watches live (core subscription)
-    rereads: tuple[type[Event], ...] = ()  # its own events it looks up in their stream
+    rereads: tuple[type[Event], ...] = ()  # events it looks up in their stream (read only)
     leases: tuple[str, ...] = ()  # roles it campaigns for (libs.leader)
     service_shell: bool = True  # runs under libs/service.py: topology, health
     # A platform NATS user with a password (False: the SDK's table, whose

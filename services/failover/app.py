@@ -67,6 +67,7 @@ from libs.specs import load_model
 from libs.tasks import cancel_and_wait
 from libs.wiring import wire
 from services.failover.conditions import (
+    PREFIX,
     ConditionChange,
     ConditionTracker,
     cordons,
@@ -217,10 +218,14 @@ class Failover:
                                     reason=event.data.reason)
         if not decisions:
             self._log.info("close of a fault that is not open", fault=event.data.fault_id)
+        again: list[ConditionChange] = []
         for d in decisions:
             if d.fault.kind == "heartbeat_missed" and d.fault.scope == "node":
                 self.monitor.judge_again(d.fault.key, now)
-        await self._act(decisions)
+            elif d.fault.scope == "node" and (
+                    bad := self.conditions.still_bad(d.fault.key, d.fault.kind)) is not None:
+                again.append(bad)
+        await self._act(decisions + self._judge(again, closed_by=event.data.by))
 
     async def on_node_registered(self, event: NodeRegistered) -> None:
         # Timed from when failover heard of it, whatever it was stamped.
@@ -245,16 +250,23 @@ class Failover:
         changes = [c for v in update.nodes for c in self.conditions.update(v)]
         await self._act(self._judge(changes))
 
-    def _judge(self, changes: list[ConditionChange]) -> list[Decision]:
+    def _judge(self, changes: list[ConditionChange], *, closed_by: str | None = None
+               ) -> list[Decision]:
+        """``closed_by``: the changes are conditions still bad after that
+        operator closed their faults."""
         now = time.time()
         decisions: list[Decision] = []
         for c in changes:
             if c.node not in self.monitor.last_seen:
                 continue  # only nodes the platform knows are judged
-            decisions += self.book.observe(
-                c.kind, c.node, bad=c.bad, now=now, jobs=self._jobs_on(c.node),
-                reason=f"Kubernetes node {c.kind.split(':', 1)[1]}: {c.message}" if c.bad
-                else f"Kubernetes reports {c.kind.split(':', 1)[1]} cleared: {c.message}")
+            name = c.kind.removeprefix(PREFIX)
+            reason = (f"Kubernetes node {name}: {c.message}" if c.bad
+                      else f"Kubernetes reports {name} cleared: {c.message}")
+            if closed_by is not None:
+                reason += (f" (still so after {closed_by or 'an operator'} closed the last "
+                           f"fault: fix the node, or set this rule's failover to false)")
+            decisions += self.book.observe(c.kind, c.node, bad=c.bad, now=now,
+                                           jobs=self._jobs_on(c.node), reason=reason)
         return decisions
 
     async def on_node_state(self, event: NodeStateChanged) -> None:
@@ -461,8 +473,11 @@ class Failover:
         elif d.action == "close":
             await self.bus.publish(FaultClosed(id=f"{f.fault_id}-closed", source=SOURCE,
                                                node=node, data=changed))
-            if cordons(f) and self.cordons is not None:
-                self.cordons.uncordon(node, f.kind)  # the node's other faults keep theirs
+            # The node's other faults keep theirs; the mark is per kind, so
+            # it stays for a fault of this kind opened again (its condition
+            # still holds) rather than going and coming back.
+            if cordons(f) and self.cordons is not None and self.book.active(f.kind, node) is None:
+                self.cordons.uncordon(node, f.kind)
         await self._record(f)
         if self._figures is not None:
             self._figures.sent(d.action, f)

@@ -9,6 +9,10 @@ condition it has, good ones too (a fault left open while failover was away
 closes if its rule says so). Each change is an observation of the fault
 kind ``condition:<name>`` (NotReady, MemoryPressure, DiskPressure,
 PIDPressure, NetworkUnavailable), judged by the rules in ``faults.py``.
+A fault an operator closes while its condition still holds is judged
+again at once (``still_bad``): as on Kubernetes, where the node lifecycle
+controller puts back a NotReady taint someone removed, the evidence
+stands until the kubelet says otherwise.
 
 ``marks_to_fix`` compares the marks a node carries with the faults open on
 it, so that a cordon lost in a crash (a fault closed, its uncordon never
@@ -58,6 +62,15 @@ class ConditionTracker:
         messages = self.messages.get(node, {})
         return [ConditionChange(node, condition_kind(c), bad, messages.get(c, ""))
                 for c, bad in sorted(self.seen.get(node, {}).items())]
+
+    def still_bad(self, node: str, kind: str) -> ConditionChange | None:
+        """The condition of fault kind ``kind`` on ``node``, if it was bad
+        when last seen: an operator closed its fault, but the kubelet still
+        says so, and the watch only reports changes."""
+        condition = kind.removeprefix(PREFIX)
+        if not kind.startswith(PREFIX) or not self.seen.get(node, {}).get(condition):
+            return None
+        return ConditionChange(node, kind, True, self.messages.get(node, {}).get(condition, ""))
 
     def forget(self, node: str) -> None:
         self.seen.pop(node, None)

@@ -126,3 +126,54 @@ async def test_node_conditions_open_faults_that_cordon_and_closing_them_uncordon
         await sub.unsubscribe()
         await failover.stop()
         api_client.close()
+
+
+async def test_a_fault_closed_while_its_condition_holds_opens_again_and_the_node_stays_cordoned(
+        nats_url: str, bus: Bus, tmp_path: Path, api: FakeKubeApi) -> None:
+    """The watch reports changes only, so a NotReady node whose fault an
+    operator closes would otherwise be back in service with nothing saying
+    why it is NotReady. Failover judges the condition again at once: a new
+    fault, and the cordon is never lifted in between."""
+    api.put_node(condition_node("gpu-1"))
+    api_client = client.ApiClient(client.Configuration(host=api.url))
+    failover = Failover(Settings(nats_url=nats_url, state_dir=tmp_path / "state",
+                                 driver="kubernetes", heartbeat_first_grace_s=600),
+                        nodes=KubernetesNodes(api_client=api_client, watch_timeout_s=30))
+    await failover.start(bus)
+    try:
+        await bus.publish(NodeRegistered(source="test", node="gpu-1", data=NodeRegisteredData(
+            ip="10.0.0.1", gpu_model="MI300X", gpu_count=8)))
+        await until(lambda: "gpu-1" in failover.monitor.last_seen)
+        api.set_condition("gpu-1", "Ready", "False")
+        await until(lambda: "condition:NotReady" in open_faults(failover))
+        await until(lambda: failover.health()["cordons_pending"] == 0 and cordoned(api, "gpu-1"))
+        first = open_faults(failover)["condition:NotReady"]
+        patches = len(api.requests(method="PATCH"))
+
+        await bus.publish(FaultCloseRequested(source="cli", node="gpu-1", data=FaultCloseData(
+            fault_id=first.fault_id, by="ops", reason="looks fine to me")))
+        await until(lambda: failover.book.faults[first.fault_id].status == "closed")
+        again = open_faults(failover)["condition:NotReady"]
+        assert again.fault_id != first.fault_id
+        assert again.reason == ("Kubernetes node NotReady: kubelet says Ready is False (still "
+                                "so after ops closed the last fault: fix the node, or set this "
+                                "rule's failover to false)")
+        await until(lambda: failover.health()["cordons_pending"] == 0)
+        assert cordoned(api, "gpu-1")
+        assert taints(api, "gpu-1") == ["primus-safe/fault-condition-NotReady"]
+        # Nothing was uncordoned in between: no patch since lifted the cordon
+        # or took the taint off.
+        for call in api.requests(method="PATCH")[patches:]:
+            spec = (call.body or {}).get("spec") or {}
+            assert spec.get("unschedulable", True) and spec.get("taints", [1]), call.body
+
+        # The kubelet says Ready again; closing the new fault now puts the node back.
+        api.set_condition("gpu-1", "Ready", "True")
+        await asyncio.sleep(0.5)
+        await bus.publish(FaultCloseRequested(source="cli", node="gpu-1", data=FaultCloseData(
+            fault_id=again.fault_id, by="ops", reason="kubelet fixed")))
+        await until(lambda: not cordoned(api, "gpu-1"))
+        assert open_faults(failover) == {}
+    finally:
+        await failover.stop()
+        api_client.close()

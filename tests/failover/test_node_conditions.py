@@ -102,6 +102,18 @@ def test_the_tracker_reports_changes_and_everything_at_first_sight() -> None:
     assert tracker.current("n1") == []
 
 
+def test_a_condition_still_bad_is_found_for_a_fault_closed_over_it() -> None:
+    tracker = ConditionTracker()
+    tracker.update(view("n1", NotReady=True, MemoryPressure=False))
+    bad = tracker.still_bad("n1", "condition:NotReady")
+    assert bad is not None and (bad.node, bad.kind, bad.bad, bad.message) == (
+        "n1", "condition:NotReady", True, "NotReady says")
+    assert tracker.still_bad("n1", "condition:MemoryPressure") is None  # cleared
+    assert tracker.still_bad("n1", "condition:PIDPressure") is None  # never reported
+    assert tracker.still_bad("n2", "condition:NotReady") is None  # unknown node
+    assert tracker.still_bad("n1", "heartbeat_missed") is None  # not a condition
+
+
 RULES = FailoverRules()
 
 

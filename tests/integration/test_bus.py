@@ -70,6 +70,30 @@ async def test_publish_deduplicates_on_event_id(bus: Bus) -> None:
     assert await stream_count(bus, "CONTROL") == 1
 
 
+async def test_publish_at_gives_the_stream_sequence_and_stored_after_reads_on_from_it(
+        bus: Bus) -> None:
+    """What a live subscription missed is read back from the stream: the
+    events of one class and keys stored after a sequence, oldest first."""
+    first = await bus.publish_at(note("n1", 1))
+    await bus.publish(note("n2", 2))  # another node's
+    await bus.publish(NodeAgentStopping(source="test", node="n1", id="bad",
+                                        data=AgentStoppingData(back_within_s=9, reason="x")))
+    await bus.nc.publish("safe.node.n1.agent_stopping", b"not an event")  # no stream ack needed
+    third = note("n1", 3)
+    third_seq = await bus.publish_at(third)
+    assert await bus.publish_at(third) == third_seq  # a repeat: the first copy's sequence
+    await bus.flush()
+    found = await bus.stored_after(NodeAgentStopping, first, node="n1")
+    assert [(e.node, e.data.back_within_s) for _, e in found] == [("n1", 9), ("n1", 3)]
+    assert found[-1] == (third_seq, third) and found[0][0] > first
+    assert await bus.stored_after(NodeAgentStopping, third_seq, node="n1") == []
+    assert [e.data.back_within_s for _, e in
+            await bus.stored_after(NodeAgentStopping, 0, node="n1")] == [1, 9, 3]
+    with pytest.raises(ValueError, match="core NATS"):
+        await bus.publish_at(NodeHeartbeat(source="test", node="n1",
+                                           data=HeartbeatData(seq=1, pid=1, interval_s=1.0)))
+
+
 async def test_a_heartbeat_goes_out_on_core_nats_and_no_stream_keeps_it(bus: Bus) -> None:
     """Liveness is not history: a beat reaches who listens now, and nothing
     stores it (12,500 nodes beat once a second)."""

@@ -204,8 +204,9 @@ async def _exercise(r: Routes, secured: SecuredNats, admin: Bus) -> None:
             await admin.nc.publish(sample.subject, encode_event(sample))
             assert await asyncio.wait_for(live.get(), 10) == sample  # heard, nothing before
             await sub.unsubscribe()
-        for cls in r.rereads:  # a lookup the server lets through (an answer, not a refusal)
-            assert await bus.stored(cls, node="n1", job="j-none") is False
+        for cls in r.rereads:  # lookups the server lets through (answers, not refusals)
+            assert await bus.stored(cls, node="n-none", job="j-none") is False
+            assert await bus.stored_after(cls, 0, node="n-none", job="j-none") == []
         for endpoint in r.calls:
             target = concrete(endpoint.pattern)
             served = await admin.serve(Endpoint(target, Empty, Reply, "test"), _ok)
