@@ -1,6 +1,6 @@
 """Restarting the whole embedded stack quarantines no healthy node.
 
-`primus-safe up --nodes 2` is started and stopped four times in one state
+`primus-safe up --nodes 2` is started and stopped three times in one state
 directory. Each start, failover replays every heartbeat stored so far
 (stamped seconds to minutes ago) while the node agents are still starting;
 before failover judged on its own clock with a deadline after its start,
@@ -25,7 +25,7 @@ from tests.helpers import ROOT, run_cli
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
 
-ROUNDS = 4  # the mechanism's own test restarts failover more often
+ROUNDS = 3  # the mechanism's own test restarts failover more often
 
 
 def _wait_for(log: Path, text: str, proc: subprocess.Popen[bytes], timeout: float) -> None:
