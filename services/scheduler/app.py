@@ -281,8 +281,7 @@ class Scheduler:
                 await self._apply(job, lifecycle.Exited(
                     attempt=event.data.attempt, rank=event.data.rank,
                     code=event.data.exit_code, node=event.node,
-                    reason=event.data.reason or "", lost=event.data.lost,
-                    node_down=event.data.node_down))
+                    reason=event.data.reason or "", lost=event.data.lost))
 
     async def on_job_recover(self, event: JobRecover) -> None:
         async with self._handling():

@@ -89,7 +89,6 @@ class Exited:
     node: str
     reason: str = ""
     lost: bool = False  # killed while no driver watched: no retry spent
-    node_down: bool = False  # never started, its node was down: no retry spent
 
 
 @dataclass(frozen=True)
@@ -397,18 +396,6 @@ def _exited(draft: _Draft, fact: Exited, now: float, limits: Limits) -> Step:
         _stop(draft, "requeue", f"rank {fact.rank} on {fact.node} was lost "
                                 f"({fact.reason or 'no exit recorded'}); running the gang "
                                 "again, no retry spent", now,
-              grace_s=limits.broken_gang_grace_s)
-        return draft.done()
-    if fact.node_down:
-        # Placed on a node that died before failover judged it (a resume
-        # or a queued job can land there inside the heartbeat deadline):
-        # not the job's failure. The next attempt waits a back-off, so
-        # that it is not placed on the dead node again; failover's verdict
-        # (NodeLost) ends the wait and sends it elsewhere.
-        job.not_before, job.recovering = now + limits.backoff_s(1), True
-        _stop(draft, "requeue", f"rank {fact.rank} could not start: {fact.node} is down "
-                                "(failover has not judged it yet); running the gang again "
-                                "elsewhere, no retry spent", now,
               grace_s=limits.broken_gang_grace_s)
         return draft.done()
     if fact.code != 0:
