@@ -56,9 +56,16 @@ class Watch:
     agent: BenchResult | None = None
     verdict: BenchResult | None = None
     attempts: int = 0
+    seen: set[str] = field(default_factory=set)  # result ids, heard live or read back
 
     def ours(self, event: BenchResult) -> bool:
-        return self.request_id in (event.data.request_id, event.data.retry_of)
+        """A result of this run not heard before (the live subscription and
+        the read-back after a reconnect can both bring it)."""
+        if self.request_id not in (event.data.request_id, event.data.retry_of) \
+                or event.id in self.seen:
+            return False
+        self.seen.add(event.id)
+        return True
 
 
 async def _refuse_busy(bus: Bus, nodes: list[str]) -> None:
@@ -87,12 +94,9 @@ async def _run(node: str, level: str, timeout_s: float, status: Status | None,
             status.update(f"{level} bench on {node}: {text} "
                           f"({time.monotonic() - watch.started:.0f} s)")
 
-    heard: set[str] = set()
-
     async def on_result(event: BenchResult) -> None:
-        if not watch.ours(event) or event.id in heard:
+        if not watch.ours(event):
             return
-        heard.add(event.id)
         watch.heard = time.monotonic()
         if event.data.judged_by == "coordinator":
             watch.verdict = event
@@ -116,8 +120,9 @@ async def _run(node: str, level: str, timeout_s: float, status: Status | None,
     async def catch_up(after: int) -> None:
         """Results stored while the connection was down: the live
         subscription misses them, the stream keeps them."""
-        for _, event in await bus.stored_after(BenchResult, after, node=node):
-            await on_result(event)  # type: ignore[arg-type]
+        with contextlib.suppress(*BUS_DOWN):  # down again: the next reconnect reads them
+            for _, event in await bus.stored_after(BenchResult, after, node=node):
+                await on_result(event)  # type: ignore[arg-type]
 
     try:
         # Listen before asking, so a fast agent's answer is not missed.
@@ -127,20 +132,16 @@ async def _run(node: str, level: str, timeout_s: float, status: Status | None,
         deadline = time.monotonic() + timeout_s
         drops = bus.link.disconnects
         try:
-            while not _finished(watch, level):
-                left = deadline - time.monotonic()
-                if bus.link.state == "connected" and (drops != bus.link.disconnects
-                                                      or left <= 0):
+            while not _finished(watch, level) and (left := deadline - time.monotonic()) > 0:
+                if drops != bus.link.disconnects and bus.link.state == "connected":
                     drops = bus.link.disconnects
-                    with contextlib.suppress(*BUS_DOWN):
-                        await catch_up(asked)
-                    if _finished(watch, level):
-                        break
-                if left <= 0:
-                    break
+                    await catch_up(asked)
+                    continue
                 changed.clear()
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(changed.wait(), min(left, 1.0))
+            if not _finished(watch, level) and bus.link.state == "connected":
+                await catch_up(asked)  # a last look before giving up
         finally:
             for sub in subs:
                 await sub.unsubscribe()

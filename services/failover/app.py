@@ -71,6 +71,7 @@ from services.failover.conditions import (
     ConditionChange,
     ConditionTracker,
     cordons,
+    mark_stays,
     marks_to_fix,
 )
 from services.failover.cordons import Cordons
@@ -473,10 +474,10 @@ class Failover:
         elif d.action == "close":
             await self.bus.publish(FaultClosed(id=f"{f.fault_id}-closed", source=SOURCE,
                                                node=node, data=changed))
-            # The node's other faults keep theirs; the mark is per kind, so
-            # it stays for a fault of this kind opened again (its condition
-            # still holds) rather than going and coming back.
-            if cordons(f) and self.cordons is not None and self.book.active(f.kind, node) is None:
+            # The node's other faults keep theirs, and one of this kind
+            # opened again keeps this mark rather than it going and coming back.
+            if cordons(f) and self.cordons is not None \
+                    and not mark_stays(f, self.book.faults.values()):
                 self.cordons.uncordon(node, f.kind)
         await self._record(f)
         if self._figures is not None:

@@ -95,13 +95,25 @@ class MarkFix:
     reason: str = ""
 
 
-def marks_to_fix(views: Iterable[NodeView], faults: Iterable[Fault]) -> list[MarkFix]:
-    """Cordons the nodes should have and lack, and marks they carry for no
-    open fault, over a complete listing of nodes."""
+def wanted_marks(faults: Iterable[Fault]) -> dict[str, dict[str, Fault]]:
+    """Per node, the marks its open faults keep on it, each with its fault."""
     wanted: dict[str, dict[str, Fault]] = {}
     for f in faults:
         if f.status != "closed" and cordons(f):
             wanted.setdefault(f.key, {})[fault_mark(f.kind)] = f
+    return wanted
+
+
+def mark_stays(closed: Fault, faults: Iterable[Fault]) -> bool:
+    """Whether the mark of ``closed`` stays on its node: another open fault
+    there keeps the same one (its condition still held, so it opened again)."""
+    return fault_mark(closed.kind) in wanted_marks(faults).get(closed.key, {})
+
+
+def marks_to_fix(views: Iterable[NodeView], faults: Iterable[Fault]) -> list[MarkFix]:
+    """Cordons the nodes should have and lack, and marks they carry for no
+    open fault, over a complete listing of nodes."""
+    wanted = wanted_marks(faults)
     out: list[MarkFix] = []
     for view in sorted(views, key=lambda v: v.name):
         want = wanted.get(view.name, {})

@@ -91,7 +91,7 @@ async def _rolling(stack: EmbeddedStack, tmp_path: Path) -> None:
             assert await asyncio.to_thread(proc.wait, 30) == (0 if sig == signal.SIGTERM
                                                               else -signal.SIGKILL)
             await asyncio.sleep(AWAY_S)
-            new = stack.spawn(name, *stack.args[name])
+            new = stack.restart(name)
 
             async def back(node: str = node, pid: int = new.pid) -> bool:
                 return beats.get(node) == pid

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -55,13 +55,41 @@ def cordoned(api: FakeKubeApi, node: str) -> bool:
     return bool((api.nodes[node].get("spec") or {}).get("unschedulable"))
 
 
+@pytest.fixture
+async def failover(nats_url: str, tmp_path: Path, api: FakeKubeApi) -> AsyncIterator[Failover]:
+    """Failover on the Kubernetes driver against ``api``; the test starts it
+    (after subscribing to what it wants to hear)."""
+    api_client = client.ApiClient(client.Configuration(host=api.url))
+    service = Failover(Settings(nats_url=nats_url, state_dir=tmp_path / "state",
+                                driver="kubernetes", heartbeat_first_grace_s=600),
+                       nodes=KubernetesNodes(api_client=api_client, watch_timeout_s=30))
+    try:
+        yield service
+    finally:
+        await service.stop()
+        api_client.close()
+
+
+async def register(bus: Bus, failover: Failover, node: str) -> None:
+    """Bootstrap registers ``node``: from now on its conditions are judged."""
+    await bus.publish(NodeRegistered(source="test", node=node, data=NodeRegisteredData(
+        ip="10.0.0.1", gpu_model="MI300X", gpu_count=8)))
+    await until(lambda: node in failover.monitor.last_seen)
+
+
+async def close_fault(bus: Bus, fault_id: str, reason: str) -> None:
+    """The operator's ``primus-safe fault close``."""
+    await bus.publish(FaultCloseRequested(source="cli", node="gpu-1", data=FaultCloseData(
+        fault_id=fault_id, by="ops", reason=reason)))
+
+
 def open_faults(failover: Failover) -> dict[str, Any]:
     return {f.kind: f for f in failover.book.faults.values()
             if f.key == "gpu-1" and f.status != "closed"}
 
 
 async def test_node_conditions_open_faults_that_cordon_and_closing_them_uncordons(
-        nats_url: str, bus: Bus, tmp_path: Path, api: FakeKubeApi) -> None:
+        bus: Bus, api: FakeKubeApi, failover: Failover) -> None:
     api.put_node(condition_node("gpu-1"))
     api.put_node(condition_node("gpu-9"))  # never registered with the platform
     # A mark left by a fault that closed while failover was away.
@@ -70,11 +98,6 @@ async def test_node_conditions_open_faults_that_cordon_and_closing_them_uncordon
         {"key": "primus-safe/fault-bench_failed", "value": "", "effect": "NoSchedule"}]}
     stale["metadata"]["annotations"] = {CORDONED: "true"}
     api.put_node(stale)
-
-    api_client = client.ApiClient(client.Configuration(host=api.url))
-    failover = Failover(Settings(nats_url=nats_url, state_dir=tmp_path / "state",
-                                 driver="kubernetes", heartbeat_first_grace_s=600),
-                        nodes=KubernetesNodes(api_client=api_client, watch_timeout_s=30))
     opened: list[FaultOpened] = []
 
     async def seen(msg: Any) -> None:
@@ -86,9 +109,7 @@ async def test_node_conditions_open_faults_that_cordon_and_closing_them_uncordon
         await until(lambda: not cordoned(api, "gpu-2"))  # put right at the first listing
         assert taints(api, "gpu-2") == [] and CORDONED not in api.nodes["gpu-2"]["metadata"][
             "annotations"]
-        await bus.publish(NodeRegistered(source="test", node="gpu-1", data=NodeRegisteredData(
-            ip="10.0.0.1", gpu_model="MI300X", gpu_count=8)))
-        await until(lambda: "gpu-1" in failover.monitor.last_seen)
+        await register(bus, failover, "gpu-1")
 
         api.set_condition("gpu-9", "Ready", "False")  # not the platform's: not judged
         api.set_condition("gpu-1", "Ready", "False")
@@ -114,9 +135,8 @@ async def test_node_conditions_open_faults_that_cordon_and_closing_them_uncordon
         api.set_condition("gpu-1", "Ready", "True")
         await asyncio.sleep(0.5)
         assert cordoned(api, "gpu-1") and set(open_faults(failover)) == {"condition:NotReady"}
-        fault_id = open_faults(failover)["condition:NotReady"].fault_id
-        await bus.publish(FaultCloseRequested(source="cli", node="gpu-1", data=FaultCloseData(
-            fault_id=fault_id, by="ops", reason="kubelet fixed")))
+        await close_fault(bus, open_faults(failover)["condition:NotReady"].fault_id,
+                          "kubelet fixed")
         await until(lambda: not cordoned(api, "gpu-1"))
         assert taints(api, "gpu-1") == [] and open_faults(failover) == {}
         assert not cordoned(api, "gpu-9") and [f.node for f in opened] == ["gpu-1"] * 2
@@ -124,56 +144,44 @@ async def test_node_conditions_open_faults_that_cordon_and_closing_them_uncordon
         await until(lambda: failover.health()["cordons_pending"] == 0)
     finally:
         await sub.unsubscribe()
-        await failover.stop()
-        api_client.close()
 
 
 async def test_a_fault_closed_while_its_condition_holds_opens_again_and_the_node_stays_cordoned(
-        nats_url: str, bus: Bus, tmp_path: Path, api: FakeKubeApi) -> None:
+        bus: Bus, api: FakeKubeApi, failover: Failover) -> None:
     """The watch reports changes only, so a NotReady node whose fault an
     operator closes would otherwise be back in service with nothing saying
     why it is NotReady. Failover judges the condition again at once: a new
     fault, and the cordon is never lifted in between."""
     api.put_node(condition_node("gpu-1"))
-    api_client = client.ApiClient(client.Configuration(host=api.url))
-    failover = Failover(Settings(nats_url=nats_url, state_dir=tmp_path / "state",
-                                 driver="kubernetes", heartbeat_first_grace_s=600),
-                        nodes=KubernetesNodes(api_client=api_client, watch_timeout_s=30))
     await failover.start(bus)
-    try:
-        await bus.publish(NodeRegistered(source="test", node="gpu-1", data=NodeRegisteredData(
-            ip="10.0.0.1", gpu_model="MI300X", gpu_count=8)))
-        await until(lambda: "gpu-1" in failover.monitor.last_seen)
-        api.set_condition("gpu-1", "Ready", "False")
-        await until(lambda: "condition:NotReady" in open_faults(failover))
-        await until(lambda: failover.health()["cordons_pending"] == 0 and cordoned(api, "gpu-1"))
-        first = open_faults(failover)["condition:NotReady"]
-        patches = len(api.requests(method="PATCH"))
+    await register(bus, failover, "gpu-1")
+    api.set_condition("gpu-1", "Ready", "False")
+    await until(lambda: "condition:NotReady" in open_faults(failover))
+    await until(lambda: failover.health()["cordons_pending"] == 0 and cordoned(api, "gpu-1"))
+    first = open_faults(failover)["condition:NotReady"]
+    patches = len(api.requests(method="PATCH"))
 
-        await bus.publish(FaultCloseRequested(source="cli", node="gpu-1", data=FaultCloseData(
-            fault_id=first.fault_id, by="ops", reason="looks fine to me")))
-        await until(lambda: failover.book.faults[first.fault_id].status == "closed")
-        again = open_faults(failover)["condition:NotReady"]
-        assert again.fault_id != first.fault_id
-        assert again.reason == ("Kubernetes node NotReady: kubelet says Ready is False (still "
-                                "so after ops closed the last fault: fix the node, or set this "
-                                "rule's failover to false)")
-        await until(lambda: failover.health()["cordons_pending"] == 0)
-        assert cordoned(api, "gpu-1")
-        assert taints(api, "gpu-1") == ["primus-safe/fault-condition-NotReady"]
-        # Nothing was uncordoned in between: no patch since lifted the cordon
-        # or took the taint off.
-        for call in api.requests(method="PATCH")[patches:]:
-            spec = (call.body or {}).get("spec") or {}
-            assert spec.get("unschedulable", True) and spec.get("taints", [1]), call.body
+    await close_fault(bus, first.fault_id, "looks fine to me")
+    await until(lambda: failover.book.faults[first.fault_id].status == "closed")
+    again = open_faults(failover)["condition:NotReady"]
+    assert again.fault_id != first.fault_id
+    assert again.reason == ("Kubernetes node NotReady: kubelet says Ready is False (still "
+                            "so after ops closed the last fault: fix the node, or set this "
+                            "rule's failover to false)")
+    await until(lambda: failover.health()["cordons_pending"] == 0)
+    assert cordoned(api, "gpu-1")
+    assert taints(api, "gpu-1") == ["primus-safe/fault-condition-NotReady"]
+    # Nothing was uncordoned in between: no patch since lifted the cordon
+    # or took the taint off.
+    for call in api.requests(method="PATCH")[patches:]:
+        spec = (call.body or {}).get("spec") or {}
+        lifted = "unschedulable" in spec and not spec["unschedulable"]
+        untainted = "taints" in spec and not spec["taints"]
+        assert not lifted and not untainted, call.body
 
-        # The kubelet says Ready again; closing the new fault now puts the node back.
-        api.set_condition("gpu-1", "Ready", "True")
-        await asyncio.sleep(0.5)
-        await bus.publish(FaultCloseRequested(source="cli", node="gpu-1", data=FaultCloseData(
-            fault_id=again.fault_id, by="ops", reason="kubelet fixed")))
-        await until(lambda: not cordoned(api, "gpu-1"))
-        assert open_faults(failover) == {}
-    finally:
-        await failover.stop()
-        api_client.close()
+    # The kubelet says Ready again; closing the new fault now puts the node back.
+    api.set_condition("gpu-1", "Ready", "True")
+    await asyncio.sleep(0.5)
+    await close_fault(bus, again.fault_id, "kubelet fixed")
+    await until(lambda: not cordoned(api, "gpu-1"))
+    assert open_faults(failover) == {}

@@ -9,7 +9,7 @@ import pytest
 
 from libs.drivers.k8s_nodes import CORDONED, cordon_patch, read_node, uncordon_patch
 from libs.drivers.nodes import NodeView, fault_mark
-from services.failover.conditions import ConditionTracker, MarkFix, marks_to_fix
+from services.failover.conditions import ConditionTracker, MarkFix, mark_stays, marks_to_fix
 from services.failover.faults import DEFAULT_RULES, FailoverRules, Fault, FaultBook, FaultRule
 
 
@@ -165,3 +165,14 @@ def test_marks_are_put_right_from_a_complete_listing() -> None:
         MarkFix("uncordon", "n2", "bench_failed"),
         MarkFix("uncordon", "n4", "probe_failed"),
     ]
+
+
+def test_a_closed_faults_mark_stays_while_an_open_fault_keeps_the_same_one() -> None:
+    closed = fault("condition:NotReady", "n1", status="closed")
+    again = fault("condition:NotReady", "n1").model_copy(update={"fault_id": "again"})
+    assert mark_stays(closed, [closed, again])  # its condition held: opened again
+    assert not mark_stays(closed, [closed])
+    assert not mark_stays(closed, [closed, fault("condition:NotReady", "n2")])  # another node
+    assert not mark_stays(closed, [closed, fault("heartbeat_missed", "n1")])  # another mark
+    recorded = fault("condition:NotReady", "n1", failover=False)  # records only: no mark
+    assert not mark_stays(closed, [closed, recorded])

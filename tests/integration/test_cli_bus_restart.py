@@ -11,12 +11,11 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
 
 from libs.bus import Bus
 from libs.drivers.local import reap_all
 from libs.embedded import NatsServer
-from libs.events import JobSpec, JobSubmitted, JobSubmittedData
+from libs.events import BenchRequest, BenchResult, JobSpec, JobSubmitted, JobSubmittedData
 from tests.helpers import (
     ROOT,
     bus_cli_env,
@@ -107,15 +106,12 @@ async def test_bench_run_finds_the_result_published_while_it_was_cut_off(
                                env=bus_cli_env(server.url), cwd=ROOT, text=True,
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
-        def stored(subject: str) -> Any:  # until() counts "not found" as not yet
-            return bus.js.get_last_msg("CONTROL", subject)
-
-        await until(lambda: stored("safe.bench.n1.request"), "the bench request", timeout=60)
+        await until(lambda: bus.stored(BenchRequest, node="n1"), "the bench request", timeout=60)
         cli.send_signal(signal.SIGSTOP)
         server.kill()
         server.restart(tmp_path / "nats.log")
         agent.send_signal(signal.SIGCONT)
-        await until(lambda: stored("safe.bench.n1.result"), "the agent's result", timeout=60)
+        await until(lambda: bus.stored(BenchResult, node="n1"), "the agent's result", timeout=60)
         cli.send_signal(signal.SIGCONT)
         out, err = await asyncio.to_thread(cli.communicate, timeout=90)
         assert cli.returncode == 0, err[-2000:]
