@@ -54,7 +54,8 @@ async def test_output_of_every_rank_reaches_lens_and_the_cli(
     await driver.launch("mega", 1, spec, [WorkerSlot(rank=0, node="a", gpus=0),
                                           WorkerSlot(rank=1, node="b", gpus=0)])
     await until(lambda: _exits(events, 2), "both ranks to exit")
-    rows = await until(lambda: _lines(bus, "mega", 7), "the lines in Lens")
+    # Every line of both ranks (2 + 7): waiting for 7 could end on rank 1's alone.
+    rows = await until(lambda: _lines(bus, "mega", 9), "the lines in Lens")
     assert {(r["rank"], r["node"]) for r in rows} == {(0, "a"), (1, "b")}
     assert {r["stream"] for r in rows if "warning" in r["message"]} == {"stderr"}
     # The file keeps everything too.
