@@ -13,7 +13,7 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 from urllib.parse import urlsplit
 
 import nats.errors
@@ -39,31 +39,45 @@ class CliError(Exception):
 
 # A verb without a bus must say so quickly (the issue: 2 s, one line).
 CONNECT_TIMEOUT_S = 1.5
+# The embedded stack's supervisor starts a dead nats-server again within its
+# backoff (the first restart at once, then doubling); a verb run meanwhile
+# waits this long rather than failing on a bus that is only restarting.
+OWNED_BUS_WAIT_S = 30.0
+BUS_RETRY_S = 0.5  # how often a waiting verb knocks again
+
+
+class BusTarget(NamedTuple):
+    """Where a verb finds the bus, and how it came to look there."""
+    url: str
+    token: str | None
+    where: str  # for error lines: the variable or the stack file
+    owner_pid: int | None = None  # a running `primus-safe up` that restarts its nats-server
 
 
 def bus_target(settings: Settings) -> tuple[str, str | None]:
     """The bus URL and its token (see ``find_bus``)."""
-    url, token, _ = find_bus(settings)
-    return url, token
+    target = find_bus(settings)
+    return target.url, target.token
 
 
-def find_bus(settings: Settings) -> tuple[str, str | None, str]:
-    """The bus URL, its token, and where they came from (for error lines):
-    PRIMUS_NATS_URL when set, else the embedded stack's stack.json, else the
-    default URL. A corrupt stack.json is a CliError naming it."""
+def find_bus(settings: Settings) -> BusTarget:
+    """The bus: PRIMUS_NATS_URL when set, else the embedded stack's
+    stack.json, else the default URL. A corrupt stack.json is a CliError
+    naming it."""
     if "nats_url" in settings.model_fields_set:  # PRIMUS_NATS_URL or the settings file
-        return settings.nats_url, settings.nats_token, "PRIMUS_NATS_URL"
+        return BusTarget(settings.nats_url, settings.nats_token, "PRIMUS_NATS_URL")
     path = (Path(settings.state_dir) / STACK_FILE).resolve()
     try:
         info = read_stack_file(path)
     except StackFileError as exc:
         raise CliError(str(exc)) from None
     if info is None:
-        return (settings.nats_url, settings.nats_token,
-                f"{path} (missing: no `primus-safe up` here) and PRIMUS_NATS_URL (unset)")
-    owner = ("" if is_running(info.pid, info.pid_start) else
-             f"; its `primus-safe up` (pid {info.pid}) is no longer running")
-    return info.nats_url, info.nats_token, f"{path}{owner}"
+        return BusTarget(settings.nats_url, settings.nats_token,
+                         f"{path} (missing: no `primus-safe up` here) and PRIMUS_NATS_URL (unset)")
+    if is_running(info.pid, info.pid_start):
+        return BusTarget(info.nats_url, info.nats_token, str(path), info.pid)
+    return BusTarget(info.nats_url, info.nats_token,
+                     f"{path}; its `primus-safe up` (pid {info.pid}) is no longer running")
 
 
 def _refusal(url: str, token: str | None, auth: dict[str, Any]) -> str | None:
@@ -103,23 +117,69 @@ def _refusal(url: str, token: str | None, auth: dict[str, Any]) -> str | None:
         return f"{host}:{port} answers but is not a NATS server"
 
 
-async def connect(settings: Settings) -> Bus:
-    """A bus connection for a CLI verb, or one CliError line within ~2 s
-    saying where the CLI looked and why it failed."""
-    url, token, where = find_bus(settings)
-    reason = _refusal(url.split(",")[0], token, settings.nats_auth)
-    if reason is None:
-        try:
-            return await Bus.connect(url, "cli", token=token, timeout_s=CONNECT_TIMEOUT_S,
-                                     routes=CLI_ROUTES, **settings.nats_auth)
-        except ConnectionError as exc:
-            reason = str(exc.__cause__ or "") or f"no NATS handshake within {CONNECT_TIMEOUT_S} s"
-            if "TLS" in str(exc):
-                reason = str(exc)
-    fix = ("set PRIMUS_NATS_TOKEN (or PRIMUS_NATS_USER and PRIMUS_NATS_PASSWORD) to what the "
-           "server expects" if "the server says" in reason else
-           "start the stack with `primus-safe up` or set PRIMUS_NATS_URL")
-    raise CliError(f"cannot reach the bus at {shown_url(url)} ({reason}); looked at {where}; {fix}")
+def bus_wait_s(settings: Settings, target: BusTarget) -> float:
+    """How long a verb waits for a bus that does not answer: the operator's
+    PRIMUS_CLI_BUS_WAIT_S when set; else ``OWNED_BUS_WAIT_S`` when a running
+    `primus-safe up` owns the bus (its supervisor is restarting nats-server,
+    which takes seconds), and no wait otherwise: a verb without a bus says
+    so at once."""
+    if settings.cli_bus_wait_s is not None:
+        return settings.cli_bus_wait_s
+    return OWNED_BUS_WAIT_S if target.owner_pid is not None else 0.0
+
+
+async def _connect_once(target: BusTarget, settings: Settings) -> Bus | str:
+    """A connection, or why there is none (one line)."""
+    reason = _refusal(target.url.split(",")[0], target.token, settings.nats_auth)
+    if reason is not None:
+        return reason
+    try:
+        return await Bus.connect(target.url, "cli", token=target.token,
+                                 timeout_s=CONNECT_TIMEOUT_S, routes=CLI_ROUTES,
+                                 **settings.nats_auth)
+    except ConnectionError as exc:
+        if "TLS" in str(exc):
+            return str(exc)
+        return str(exc.__cause__ or "") or f"no NATS handshake within {CONNECT_TIMEOUT_S} s"
+
+
+async def connect(settings: Settings, *, wait_s: float | None = None) -> Bus:
+    """A bus connection for a CLI verb. A bus that does not answer is
+    waited for up to ``wait_s`` (default: ``bus_wait_s``), with one line on
+    stderr saying so; then one CliError line saying where the CLI looked,
+    why it failed and what to do. A wrong token is never waited for."""
+    target = find_bus(settings)
+    wait_s = bus_wait_s(settings, target) if wait_s is None else wait_s
+    deadline = time.monotonic() + wait_s
+    said = False
+    while isinstance(got := await _connect_once(target, settings), str):
+        reason = got
+        refused = "the server says" in reason
+        if refused or time.monotonic() >= deadline:
+            break
+        if not said:
+            by = (f": its `primus-safe up` (pid {target.owner_pid}) restarts nats-server"
+                  if target.owner_pid is not None else "")
+            print(f"primus-safe: the bus at {shown_url(target.url)} does not answer ({reason})"
+                  f"{by}; waiting up to {wait_s:g} s for it", file=sys.stderr, flush=True)
+            said = True
+        await asyncio.sleep(min(BUS_RETRY_S, max(0.0, deadline - time.monotonic())))
+    else:
+        return got
+    if refused:
+        fix = ("set PRIMUS_NATS_TOKEN (or PRIMUS_NATS_USER and PRIMUS_NATS_PASSWORD) to what "
+               "the server expects")
+    elif target.owner_pid is not None:
+        fix = (f"its `primus-safe up` (pid {target.owner_pid}) runs but its nats-server is not "
+               f"back: see its log in {Path(settings.state_dir).resolve() / 'logs'}")
+    elif target.where == "PRIMUS_NATS_URL":
+        fix = ("check that nats-server runs there (one that is restarting answers again within "
+               "seconds: set PRIMUS_CLI_BUS_WAIT_S to wait for it) or fix PRIMUS_NATS_URL")
+    else:
+        fix = "start the stack with `primus-safe up` or set PRIMUS_NATS_URL"
+    waited = f" for {wait_s:g} s" if said else ""
+    raise CliError(f"cannot reach the bus at {shown_url(target.url)}{waited} ({reason}); "
+                   f"looked at {target.where}; {fix}")
 
 
 def bus_failure(exc: BaseException) -> str:

@@ -103,8 +103,8 @@ def run_service_verb(args: argparse.Namespace) -> int:
 # --------------------------------------------------------------------------- verbs
 
 
-async def listing(spec: BucketSpec[R]) -> list[R]:
-    bus = await connect(load_settings())
+async def listing(spec: BucketSpec[R], *, bus_wait_s: float | None = None) -> list[R]:
+    bus = await connect(load_settings(), wait_s=bus_wait_s)
     try:
         return list((await read_bucket(bus, spec)).values())
     finally:
@@ -147,12 +147,13 @@ TABLES: dict[str, tuple[list[str], list[str], str]] = {
 }
 
 
-def table_rows(verb: str) -> list[dict[str, Any]]:
+def table_rows(verb: str, *, bus_wait_s: float | None = None) -> list[dict[str, Any]]:
     if verb == "jobs":
-        return job_rows(asyncio.run(listing(JOBS)))
+        return job_rows(asyncio.run(listing(JOBS, bus_wait_s=bus_wait_s)))
     if verb == "nodes":
-        return node_rows(asyncio.run(listing(NODES)))
-    faults = sorted(asyncio.run(listing(FAULTS)), key=lambda f: f.opened_at)
+        return node_rows(asyncio.run(listing(NODES, bus_wait_s=bus_wait_s)))
+    faults = sorted(asyncio.run(listing(FAULTS, bus_wait_s=bus_wait_s)),
+                    key=lambda f: f.opened_at)
     return [r.model_dump(mode="json", exclude={"version"}) for r in faults]
 
 
@@ -160,7 +161,9 @@ def show_table(args: argparse.Namespace) -> int:
     columns, wide, name = TABLES[args.verb]
 
     def render() -> str:
-        rows = table_rows(args.verb)
+        # A watch shows an outage in place of its table and tries again
+        # every interval: it never waits for the bus inside one round.
+        rows = table_rows(args.verb, bus_wait_s=0)
         return format_table(rows, [*columns, *wide] if args.output == "wide" else columns) \
             if rows else f"No {args.verb} found."
 

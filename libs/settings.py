@@ -62,6 +62,10 @@ class Settings(BaseSettings):
         "table over them under each table's own name (libs/clickhouse_cluster.py). Unset: one "
         "server")
     state_dir: Path = Path(".primus")
+    cli_bus_wait_s: float | None = Field(
+        default=None, ge=0, le=3600, description="operator verbs: how long to wait for a bus "
+        "that does not answer before giving up. Unset: 30 s when a running `primus-safe up` "
+        "owns the bus (its nats-server is restarting), else none (say so at once)")
     node_name: str | None = Field(default=None, description="the node a bench agent runs on")
     instance: str | None = Field(
         default=None, description="this replica's name: it answers its own health check on "

@@ -1,26 +1,30 @@
 """Operator verbs while nats-server restarts under them (an upgrade, a
 crash): a verb that waits for its request to be carried out keeps waiting,
 ``bench run`` finds the result published while it was cut off, and
-``--watch`` shows the outage in place of its table and goes on."""
+``--watch`` shows the outage in place of its table and goes on, and a verb
+run while the stack's own bus is restarting waits for it."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import os
 import signal
 import subprocess
 import sys
 from pathlib import Path
 
+from cli.client import OWNED_BUS_WAIT_S
 from libs.bus import Bus
 from libs.drivers.local import reap_all
-from libs.embedded import NatsServer
+from libs.embedded import STACK_FILE, NatsServer, StackInfo, process_start, write_stack_file
 from libs.events import BenchRequest, BenchResult, JobSpec, JobSubmitted, JobSubmittedData
 from tests.helpers import (
     ROOT,
     bus_cli_env,
     ready_nodes,
     run_cli,
+    stack_cli_env,
     start_service,
     until,
     wait_healthy,
@@ -164,4 +168,52 @@ async def test_watch_shows_the_outage_and_goes_on(tmp_path: Path) -> None:
     finally:
         watch.terminate()
         watch.wait(10)
+        server.stop()
+
+
+async def test_a_verb_waits_for_the_bus_its_stack_is_restarting(tmp_path: Path) -> None:
+    """A verb run while the bus of a running ``primus-safe up`` is down
+    (its supervisor starts nats-server again) says so once on stderr, waits,
+    and does its work once the server is back; it does not tell the operator
+    to start a stack that is running. ``PRIMUS_CLI_BUS_WAIT_S`` bounds the
+    wait, and the error then points at the stack's logs."""
+    server = NatsServer(tmp_path / "nats").start(tmp_path / "nats.log")
+    bus = await Bus.connect(server.url, "test")
+    await bus.ensure_topology()
+    await ready_nodes(bus, {"n1": (8, "r1")})
+    await bus.close()
+    server.kill()
+    state = tmp_path / "state"
+    state.mkdir()
+    # This test process stands in for the stack's owner: stack.json names it.
+    write_stack_file(state / STACK_FILE, StackInfo(
+        nats_url=server.url, pid=os.getpid(), pid_start=process_start(os.getpid())))
+    env = stack_cli_env(state)
+    verb = subprocess.Popen([sys.executable, "-m", "cli.main", "nodes", "--json"], env=env,
+                            cwd=ROOT, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        assert verb.stderr is not None
+        said = await asyncio.wait_for(asyncio.to_thread(verb.stderr.readline), 20)
+        assert f"restarts nats-server; waiting up to {OWNED_BUS_WAIT_S:g} s" in said, said
+        await asyncio.sleep(2)  # it keeps knocking meanwhile
+        assert verb.poll() is None, verb.communicate()
+        server.restart(tmp_path / "nats.log")
+        out, err = await asyncio.to_thread(verb.communicate, timeout=30)
+        assert verb.returncode == 0, err
+        assert [(n["node"], n["status"]) for n in json.loads(out)] == [("n1", "ready")]
+        assert err.strip() == "", err  # one line about the wait, and no other
+
+        server.kill()
+        done = await asyncio.to_thread(run_cli, "nodes", env={**env, "PRIMUS_CLI_BUS_WAIT_S": "1"},
+                                       timeout=20)
+        assert done.returncode == 1 and done.stdout == ""
+        waiting, error = done.stderr.strip().splitlines()
+        assert "waiting up to 1 s" in waiting
+        assert error.startswith(f"primus-safe: cannot reach the bus at {server.url} for 1 s")
+        assert f"`primus-safe up` (pid {os.getpid()}) runs but its nats-server is not back" \
+            in error and str(state.resolve() / "logs") in error
+        assert "start the stack" not in error
+    finally:
+        if verb.poll() is None:
+            verb.kill()
         server.stop()
