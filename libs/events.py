@@ -738,6 +738,11 @@ class WorkerExitedData(Frozen):
         "driver watched (the stack or its node stopped). The platform's loss, not the "
         "job's: the scheduler runs the gang again as a new attempt without spending a "
         "retry"))
+    node_down: bool = Field(default=False, description=(
+        "the rank never started: the driver found its node down when it launched the "
+        "gang (the node died before failover had judged it). The platform's loss: no "
+        "retry is spent, and the scheduler keeps the next attempt off that node until "
+        "failover's verdict or a hold of 5 s (doubling) ends"))
 
 
 class WorkerExited(Event):

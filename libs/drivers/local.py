@@ -168,14 +168,15 @@ class LocalDriver:
         return self.state_dir / "announced" / f"{job}-a{attempt}-r{rank}-exited"
 
     async def _report_exit(self, job: str, attempt: int, rank: int, node: str, code: int,
-                           reason: str | None = None, *, lost: bool = False) -> None:
+                           reason: str | None = None, *, lost: bool = False,
+                           node_down: bool = False) -> None:
         """Publish a rank's exit until it is out, then mark it reported: an
         exit recorded while no one could hear it (the bus down, then the
         stack stopped) is reported by the next driver's ``adopt``."""
         await self._emit(WorkerExited(
             id=f"{job}-a{attempt}-r{rank}-exited", source=self.source, job=job, node=node,
             data=WorkerExitedData(attempt=attempt, rank=rank, exit_code=code, reason=reason,
-                                  lost=lost)))
+                                  lost=lost, node_down=node_down)))
         marker = self._exit_reported_file(job, attempt, rank)
         marker.parent.mkdir(parents=True, exist_ok=True)
         marker.touch()
@@ -268,10 +269,12 @@ class LocalDriver:
             log_path = run_dir / f"rank-{slot.rank}.log"
             argv = self._argv(job, spec, resume)
             unrunnable = cannot_run(argv, cwd, env.get("PATH", os.defpath))
-            if node_down_file(self.state_dir, slot.node).exists():
+            node_down = node_down_file(self.state_dir, slot.node).exists()
+            if node_down:
                 unrunnable = (-int(signal.SIGKILL), f"node {slot.node} is down")
             if unrunnable is not None:
-                await self._refuse(job, attempt, slot, log_path, *unrunnable)
+                await self._refuse(job, attempt, slot, log_path, *unrunnable,
+                                   node_down=node_down)
                 continue
             with log_path.open("ab") as log_file:
                 proc = await asyncio.create_subprocess_exec(
@@ -321,16 +324,18 @@ class LocalDriver:
             await watch.stop()
 
     async def _refuse(self, job: str, attempt: int, slot: WorkerSlot, log_path: Path,
-                      code: int, reason: str) -> None:
+                      code: int, reason: str, *, node_down: bool = False) -> None:
         """A rank that cannot start (its executable or workdir is missing)
         ends at once with the shell's code (127, 126) and says why: in its
-        log, in the exit file (a relaunch sees the rank ran) and in the event."""
+        log, in the exit file (a relaunch sees the rank ran) and in the event.
+        One whose node is down (``node_down``) is the platform's loss."""
         with log_path.open("a") as log_file:
             log_file.write(f"primus-safe local driver: {reason} (exit {code})\n")
         write_exit(self._exit_file(job, attempt, slot.rank), code)
         self._log.warning("worker cannot start", job=job, node=slot.node, rank=slot.rank,
                           exit_code=code, reason=reason, log=str(log_path))
-        await self._report_exit(job, attempt, slot.rank, slot.node, code, reason)
+        await self._report_exit(job, attempt, slot.rank, slot.node, code, reason,
+                                node_down=node_down)
 
     async def adopt(self) -> int:
         """After a restart: watch the workers a previous driver started (their

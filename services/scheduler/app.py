@@ -66,7 +66,7 @@ from libs.settings import Settings
 from libs.tasks import cancel_and_wait
 from libs.wiring import Wiring, wire
 from services.scheduler import config as scheduler_config
-from services.scheduler import lifecycle, workload
+from services.scheduler import lifecycle, node_holds, workload
 from services.scheduler.announcements import SOURCE, announcement, end_of
 from services.scheduler.callout import AuthCallout
 from services.scheduler.figures import SchedulerFigures, scheduler_families
@@ -224,6 +224,7 @@ class Scheduler:
     async def on_node_registered(self, event: NodeRegistered) -> None:
         async with self._handling():
             self._fleet_now = None  # GPUs, model, pool or rack may have changed
+            self.state.holds = node_holds.judged(self.state.holds, event.node)
             old = self.state.nodes.get(event.node)
             self.state.nodes[event.node] = NodeRecord(
                 spec=HostSpec.of(event.node, event.data), registration=event.id,
@@ -238,6 +239,8 @@ class Scheduler:
                 node.state = data.state
                 node.cordoned = not data.schedulable  # an operator's hold
                 node.degraded = data.degraded
+                if node.state != before[0]:  # failover's verdict replaces a hold
+                    self.state.holds = node_holds.judged(self.state.holds, event.node)
                 # A new reason alone changes no placement: at 12,500 nodes
                 # such notes would otherwise each cost a cycle.
                 wake.cycle = data.drain or (node.state, node.cordoned, node.degraded) != before
@@ -278,10 +281,19 @@ class Scheduler:
                 self._log.info("exit of a job the scheduler does not know", job=event.job,
                                attempt=event.data.attempt, rank=event.data.rank)
             else:
+                if event.data.node_down:
+                    # Keep the next placements off the dead node until
+                    # failover judges it (before the lifecycle requeues).
+                    self.state.holds = node_holds.refused(
+                        self.state.holds, event.node, time.time(), event.data.reason or "")
+                    self._log.warning("node held out of placement: a rank could not start "
+                                      "there", node=event.node, job=job.id,
+                                      until=self.state.holds[event.node].until)
                 await self._apply(job, lifecycle.Exited(
                     attempt=event.data.attempt, rank=event.data.rank,
                     code=event.data.exit_code, node=event.node,
-                    reason=event.data.reason or "", lost=event.data.lost))
+                    reason=event.data.reason or "", lost=event.data.lost,
+                    node_down=event.data.node_down))
 
     async def on_job_recover(self, event: JobRecover) -> None:
         async with self._handling():
@@ -556,7 +568,12 @@ class Scheduler:
                       if n in self.state.nodes}
             await self._apply(self.state.jobs[job_id], lifecycle.Placed(
                 tuple(worker_slots(slots, models))))
-        for job_id, pending in {**result.pending, **held}.items():
+        holding = node_holds.note(self.state.holds, now)
+        for job_id, pending in result.pending.items():
+            reason = f"{pending.reason}; {holding}" if holding else pending.reason
+            await self._show_pending(self.state.jobs[job_id], pending.position, reason,
+                                     pending.code)
+        for job_id, pending in held.items():
             await self._show_pending(self.state.jobs[job_id], pending.position, pending.reason,
                                      pending.code)
         for job_id, verdict in verdicts.items():
@@ -656,8 +673,13 @@ class Scheduler:
             counts[job.status] = counts.get(job.status, 0) + 1
         ready = sum(1 for n in self.state.nodes.values() if n.state == "ready")
         leadership = self.election.describe() if self.election is not None else {}
+        # Nodes kept out of placement because a driver found them down:
+        # `primus-safe health scheduler` says which and until when.
+        held = {n: {"until": round(h.until, 3), "reason": h.reason}
+                for n, h in self.state.holds.items()
+                if n in node_holds.held(self.state.holds, time.time())}
         return {"cycles": self.cycles, "last_cycle_ms": self.last_cycle_ms, "jobs": counts,
-                "nodes_ready": ready, **leadership}
+                "nodes_ready": ready, "nodes_held": held, **leadership}
 
 
 def kubernetes_config(settings: Settings, limits: lifecycle.Limits | None = None

@@ -89,6 +89,7 @@ class Exited:
     node: str
     reason: str = ""
     lost: bool = False  # killed while no driver watched: no retry spent
+    node_down: bool = False  # never started, its node was down: no retry spent
 
 
 @dataclass(frozen=True)
@@ -389,13 +390,18 @@ def _exited(draft: _Draft, fact: Exited, now: float, limits: Limits) -> Step:
         else:
             draft.effects.append(Save())
         return draft.done()
-    if fact.lost:
+    if fact.lost or fact.node_down:
         # Like a Kubernetes disruption, not the job's failure: its next
-        # attempt runs at once, first in the queue, and spends no retry.
+        # attempt runs at once, first in the queue, and spends no retry. A
+        # rank refused because its node was down (placed there before
+        # failover judged it: a resume, a queued job) is the same loss; the
+        # scheduler holds that node out of placement (node_holds), so the
+        # next attempt does not land on it again.
         job.not_before, job.recovering = 0.0, True
-        _stop(draft, "requeue", f"rank {fact.rank} on {fact.node} was lost "
-                                f"({fact.reason or 'no exit recorded'}); running the gang "
-                                "again, no retry spent", now,
+        why = (f"rank {fact.rank} could not start: {fact.node} is down (failover has not "
+               "judged it yet)" if fact.node_down else
+               f"rank {fact.rank} on {fact.node} was lost ({fact.reason or 'no exit recorded'})")
+        _stop(draft, "requeue", f"{why}; running the gang again, no retry spent", now,
               grace_s=limits.broken_gang_grace_s)
         return draft.done()
     if fact.code != 0:

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 from libs.events import WorkerSlot
 from libs.records import JobRecord, NodeRecord
-from services.scheduler import policy
+from services.scheduler import node_holds, policy
 
 _NODE_STATE: dict[str, policy.NodeState] = {"ready": "ready", "quarantined": "quarantined"}
 
@@ -26,6 +26,7 @@ class SchedulerState:
     nodes: dict[str, NodeRecord] = field(default_factory=dict)
     jobs: dict[str, JobRecord] = field(default_factory=dict)
     reservations: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    holds: dict[str, node_holds.Hold] = field(default_factory=dict)  # nodes a driver found down
 
 
 def policy_job(job: JobRecord) -> policy.Job:
@@ -57,13 +58,15 @@ def worker_slots(slots: tuple[policy.Slot, ...],
             for i, (node, gpus) in enumerate(slots)]
 
 
-def policy_nodes(state: SchedulerState, degraded_nodes: str = "last") -> list[policy.Node]:
+def policy_nodes(state: SchedulerState, degraded_nodes: str = "last",
+                 held: frozenset[str] = frozenset()) -> list[policy.Node]:
     """Every registered node, in the policy's terms (only ready ones are used):
     the one place a node record becomes the placement core's node. A
-    cordoned node is not ready; a degraded one is used last, or (``never``)
-    not at all."""
+    cordoned node is not ready, nor is one ``held`` (its driver found it
+    down, failover has not judged it yet); a degraded one is used last, or
+    (``never``) not at all."""
     def node_state(n: NodeRecord) -> policy.NodeState:
-        if n.cordoned or (n.degraded and degraded_nodes == "never"):
+        if n.cordoned or n.name in held or (n.degraded and degraded_nodes == "never"):
             return "unready"
         return _NODE_STATE.get(n.state, "unready")
 
@@ -77,7 +80,7 @@ def snapshot(state: SchedulerState, workspaces: list[policy.Workspace], now: flo
              degraded_nodes: str = "last") -> tuple[policy.Snapshot, dict[str, policy.Pending]]:
     """The policy's view, and the pending jobs answered before the policy."""
     known = {w.name for w in workspaces}
-    nodes = policy_nodes(state, degraded_nodes)
+    nodes = policy_nodes(state, degraded_nodes, node_holds.held(state.holds, now))
     running, pending = [], []
     held: dict[str, policy.Pending] = {}
     for job in state.jobs.values():

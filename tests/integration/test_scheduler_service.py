@@ -199,3 +199,49 @@ async def test_a_node_state_that_changes_nothing_placed_wakes_no_cycle(
     finally:
         proc.send_signal(signal.SIGTERM)
         await asyncio.to_thread(proc.wait, 30)
+
+
+async def test_a_node_its_driver_found_down_is_held_out_and_costs_no_retry(
+        nats_url: str, bus: Bus, tmp_path: Path) -> None:
+    """A node dies, and before failover judges it a gang is placed there
+    (a resume, a queued job): the driver cannot start that rank. The job
+    spends no retry, and the scheduler keeps the node out of placement, so
+    the gang waits for room rather than landing on the dead node again,
+    and runs on the next node that comes."""
+    from libs.drivers.local import power_off
+    from tests.helpers import wait_healthy
+
+    state = tmp_path / "state"
+    await ready_nodes(bus, {"n1": (1, "r1"), "n2": (1, "r1")})
+    power_off(state, "n1")  # dead; failover has not said so (no failover runs here)
+    proc = scheduler(nats_url, state, tmp_path / "sched.log")
+    try:
+        await bus.publish(submit("gang", workers=2, priority="medium", seconds=600,
+                                 max_retry=1))
+
+        async def requeued() -> dict[str, Any] | None:
+            r = await record(bus, "gang")
+            # Its reason first says the rank could not start, then (the
+            # next cycle) why it waits.
+            return r if r["status"] == "pending" and "held out" in r["reason"] else None
+
+        job = await until(requeued, "the gang requeued after n1 refused its rank")
+        assert (job["attempt"], job["retries"]) == (1, 0) and "n1 until" in job["reason"], job
+        held = (await wait_healthy(bus, "scheduler"))["nodes_held"]
+        assert list(held) == ["n1"] and held["n1"]["reason"] == "node n1 is down"
+        await asyncio.sleep(2)  # the gang fits only with n1: it waits, placed nowhere
+        job = await record(bus, "gang")
+        assert (job["status"], job["attempt"], job["retries"]) == ("pending", 1, 0), job
+        await ready_nodes(bus, {"n3": (1, "r1")})
+
+        async def running() -> dict[str, Any] | None:
+            r = await record(bus, "gang")
+            return r if r["status"] == "running" else None
+
+        job = await until(running, "the gang running on n2 and n3", timeout=30)
+        assert sorted(s["node"] for s in job["slots"]) == ["n2", "n3"]
+        assert (job["attempt"], job["retries"]) == (2, 0)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        await asyncio.to_thread(proc.wait, 30)
+        reap_all(state)

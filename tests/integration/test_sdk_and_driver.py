@@ -9,7 +9,13 @@ from pathlib import Path
 import pytest
 
 from libs.bus import Bus
-from libs.drivers.local import LOST_REASON, LocalDriver, kill_node_workers, reap_all
+from libs.drivers.local import (
+    LOST_REASON,
+    LocalDriver,
+    kill_node_workers,
+    power_off,
+    reap_all,
+)
 from libs.events import Event, JobSpec, WorkerExited, WorkerSlot, WorkerStarted
 from libs.sdk import Run, latest_complete_checkpoint
 
@@ -83,6 +89,33 @@ async def test_local_driver_runs_real_workers_and_reports_exits(tmp_path: Path) 
     assert [(e.node, e.data.rank) for e in started] == [("a", 0), ("b", 1)]
     assert exited == {0: 0, 1: 3}
     assert (tmp_path / "jobs" / "j1" / "attempt-1" / "rank-1.log").exists()
+
+
+async def test_a_rank_placed_on_a_powered_off_node_is_reported_as_the_nodes_loss(
+        tmp_path: Path) -> None:
+    """A gang placed on a node that died a moment before (failover has not
+    judged it yet): that rank never starts, and its exit says its node was
+    down, so the scheduler spends no retry on it. The other rank runs."""
+    events: list[Event] = []
+
+    async def sink(event: Event) -> None:
+        events.append(event)
+
+    driver = LocalDriver(tmp_path, sink, nats_url="nats://127.0.0.1:1")
+    power_off(tmp_path, "b")
+    spec = JobSpec(name="j1", workers=2,
+                   command=[sys.executable, "-c", "import time; time.sleep(60)"])
+    await driver.launch("j1", 1, spec, [WorkerSlot(rank=0, node="a", gpus=0),
+                                        WorkerSlot(rank=1, node="b", gpus=0)])
+    try:
+        [exited] = [e for e in events if isinstance(e, WorkerExited)]
+        assert (exited.node, exited.data.rank, exited.data.exit_code) == ("b", 1, -9)
+        assert exited.data.node_down and not exited.data.lost
+        assert exited.data.reason == "node b is down"
+        assert [e.node for e in events if isinstance(e, WorkerStarted)] == ["a"]
+    finally:
+        await driver.stop("j1", grace_s=5)
+        await driver.close()
 
 
 async def test_an_unreadable_exit_record_still_reports_the_exit(tmp_path: Path) -> None:

@@ -20,6 +20,7 @@ from services.scheduler.lifecycle import (
     Forget,
     Launch,
     Limits,
+    NodeLost,
     Placed,
     Save,
     StopWorkers,
@@ -131,6 +132,24 @@ def test_a_lost_gang_runs_again_at_once_without_spending_a_retry() -> None:
     # a real failure after it still spends the retry it has
     failed = lc.apply(again, Exited(2, 0, 1, "a"), 23.0, LIMITS).record
     assert failed is not None and failed.retries == 1 and failed.after_stop == "requeue"
+
+
+def test_a_rank_whose_node_was_down_spends_no_retry_and_runs_again_at_once() -> None:
+    """A resumed or queued gang can be placed on a node that died inside
+    failover's heartbeat deadline. The rank never started: like a lost
+    gang, it runs again at once, first in the queue, with no retry spent
+    (the scheduler keeps it off that node: node_holds)."""
+    down = lc.apply(running(max_retry=1),
+                    Exited(1, 1, -9, "b", "node b is down", node_down=True), 20.0, LIMITS)
+    job1 = down.record
+    assert job1 is not None and job1.status == "stopping" and job1.after_stop == "requeue"
+    assert job1.retries == 0 and job1.recovering and job1.not_before == 0.0
+    assert "rank 1 could not start: b is down" in job1.reason and "no retry spent" in job1.reason
+    pending = lc.apply(job1, Exited(1, 0, -15, "a"), 20.1, LIMITS).record
+    assert pending is not None and pending.status == "pending" and pending.retries == 0
+    assert pending.not_before == 0.0
+    judged = lc.apply(pending, NodeLost("b", "heartbeat_missed"), 21.0, LIMITS).record
+    assert judged is not None and judged.exclude_nodes == ["b"] and judged.prefer_nodes == ["a"]
 
 
 def test_an_operator_stop_checkpoints_and_can_be_resumed() -> None:
