@@ -570,9 +570,12 @@ class Scheduler:
                 tuple(worker_slots(slots, models))))
         holding = node_holds.note(self.state.holds, now)
         for job_id, pending in result.pending.items():
-            reason = f"{pending.reason}; {holding}" if holding else pending.reason
-            await self._show_pending(self.state.jobs[job_id], pending.position, reason,
-                                     pending.code)
+            job = self.state.jobs[job_id]
+            # Only a gang that lost its attempt says so: a note on every
+            # waiting job would republish thousands of reasons per hold.
+            reason = f"{pending.reason}; {holding}" if holding and job.recovering \
+                else pending.reason
+            await self._show_pending(job, pending.position, reason, pending.code)
         for job_id, pending in held.items():
             await self._show_pending(self.state.jobs[job_id], pending.position, pending.reason,
                                      pending.code)
@@ -675,9 +678,9 @@ class Scheduler:
         leadership = self.election.describe() if self.election is not None else {}
         # Nodes kept out of placement because a driver found them down:
         # `primus-safe health scheduler` says which and until when.
+        held_now = node_holds.held(self.state.holds, time.time())
         held = {n: {"until": round(h.until, 3), "reason": h.reason}
-                for n, h in self.state.holds.items()
-                if n in node_holds.held(self.state.holds, time.time())}
+                for n, h in self.state.holds.items() if n in held_now}
         return {"cycles": self.cycles, "last_cycle_ms": self.last_cycle_ms, "jobs": counts,
                 "nodes_ready": ready, "nodes_held": held, **leadership}
 
