@@ -32,6 +32,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
+from pydantic import BaseModel, ConfigDict
+
 from libs.checkpoint_layouts import Found, discover, resume_step
 from libs.checkpoint_watch import CheckpointWatch, checkpoint_event
 from libs.drivers.base import EventSink, NodeWorkers
@@ -67,6 +69,14 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+class ExitNote(BaseModel):
+    """Why the driver itself ended a rank, kept beside its exit code."""
+    model_config = ConfigDict(frozen=True)
+    reason: str | None = None
+    lost: bool = False
+    node_down: bool = False
 
 
 @dataclass
@@ -164,6 +174,26 @@ class LocalDriver:
         path.parent.mkdir(parents=True, exist_ok=True)
         return path
 
+    def _exit_note_file(self, job: str, attempt: int, rank: int) -> Path:
+        return self.state_dir / "exit-notes" / f"{job}-a{attempt}-r{rank}.json"
+
+    def _note_exit(self, job: str, attempt: int, rank: int, note: ExitNote) -> None:
+        """What an exit the driver decided itself means (a refusal, a loss),
+        written before its exit file: a later driver that reports the exit
+        unheard says the same, or a lost gang would spend a retry."""
+        path = self._exit_note_file(job, attempt, rank)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(path, note.model_dump_json())
+
+    def _exit_note(self, job: str, attempt: int, rank: int) -> ExitNote:
+        """The note of an exit the driver decided, or an empty one (a worker's
+        own exit; a note that cannot be read says nothing more than that)."""
+        try:
+            return ExitNote.model_validate_json(
+                self._exit_note_file(job, attempt, rank).read_text())
+        except (OSError, ValueError):
+            return ExitNote()
+
     def _exit_reported_file(self, job: str, attempt: int, rank: int) -> Path:
         return self.state_dir / "announced" / f"{job}-a{attempt}-r{rank}-exited"
 
@@ -202,9 +232,11 @@ class LocalDriver:
             if (job, attempt, rank) in watched \
                     or self._exit_reported_file(job, attempt, rank).exists():
                 continue
+            note = self._exit_note(job, attempt, rank)
             self._log.info("reporting an exit no one heard", job=job, attempt=attempt,
-                           rank=rank, node=node, exit_code=code)
-            await self._report_exit(job, attempt, rank, node, code)
+                           rank=rank, node=node, exit_code=code, reason=note.reason)
+            await self._report_exit(job, attempt, rank, node, code, note.reason,
+                                    lost=note.lost, node_down=note.node_down)
             reported += 1
         return reported
 
@@ -231,6 +263,7 @@ class LocalDriver:
                 continue
             code = -int(signal.SIGKILL)
             exit_file.parent.mkdir(parents=True, exist_ok=True)
+            self._note_exit(job, attempt, rank, ExitNote(reason=LOST_REASON, lost=True))
             write_exit(exit_file, code)
             self._log.warning("worker lost: gone with no exit recorded", job=job,
                               attempt=attempt, rank=rank, node=node)
@@ -331,6 +364,7 @@ class LocalDriver:
         One whose node is down (``node_down``) is the platform's loss."""
         with log_path.open("a") as log_file:
             log_file.write(f"primus-safe local driver: {reason} (exit {code})\n")
+        self._note_exit(job, attempt, slot.rank, ExitNote(reason=reason, node_down=node_down))
         write_exit(self._exit_file(job, attempt, slot.rank), code)
         self._log.warning("worker cannot start", job=job, node=slot.node, rank=slot.rank,
                           exit_code=code, reason=reason, log=str(log_path))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import sys
 from pathlib import Path
 
@@ -116,6 +117,56 @@ async def test_a_rank_placed_on_a_powered_off_node_is_reported_as_the_nodes_loss
     finally:
         await driver.stop("j1", grace_s=5)
         await driver.close()
+
+
+async def test_an_exit_the_driver_decided_keeps_its_meaning_when_reported_unheard(
+        tmp_path: Path) -> None:
+    """A refusal (node down) and a loss are the platform's, not the job's:
+    their exits say so (``node_down``, ``lost``), or the scheduler spends a
+    retry. When the bus is down as the driver decides such an exit and the
+    driver then stops, the next driver reports it from the exit file: it
+    must say the same, not a bare -9."""
+    async def unreachable(event: Event) -> None:
+        raise ConnectionError("bus down")
+
+    async def until_recorded(task: asyncio.Task[object], exit_file: Path) -> None:
+        for _ in range(200):
+            if exit_file.exists():
+                break
+            await asyncio.sleep(0.05)
+        task.cancel()  # the driver stops while it still retries the publish
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        assert exit_file.exists()
+
+    spec = JobSpec(name="j", workers=1,
+                   command=[sys.executable, "-c", "import time; time.sleep(60)"])
+    # A loss: the rank on node a was reaped while no driver watched, and the
+    # driver that found it could not say so.
+    events: list[Event] = []
+
+    async def sink(event: Event) -> None:
+        events.append(event)
+
+    starting = LocalDriver(tmp_path, sink, nats_url="nats://127.0.0.1:1")
+    await starting.launch("gone", 1, spec, [WorkerSlot(rank=0, node="a", gpus=0)])
+    await starting.detach()
+    assert len(reap_all(tmp_path)) == 1
+    finding = LocalDriver(tmp_path, unreachable, nats_url="nats://127.0.0.1:1")
+    await until_recorded(asyncio.create_task(finding.adopt()), tmp_path / "exits" / "gone-a1-r0")
+
+    # A refusal: node b is down.
+    power_off(tmp_path, "b")
+    refusing = LocalDriver(tmp_path, unreachable, nats_url="nats://127.0.0.1:1")
+    await until_recorded(asyncio.create_task(refusing.launch(
+        "down", 1, spec, [WorkerSlot(rank=0, node="b", gpus=0)])),
+        tmp_path / "exits" / "down-a1-r0")
+    events.clear()
+    await LocalDriver(tmp_path, sink, nats_url="nats://127.0.0.1:1").adopt()
+    said = {e.job: (e.data.exit_code, e.data.reason, e.data.lost, e.data.node_down)
+            for e in events if isinstance(e, WorkerExited)}
+    assert said == {"down": (-9, "node b is down", False, True),
+                    "gone": (-9, LOST_REASON, True, False)}
 
 
 async def test_an_unreadable_exit_record_still_reports_the_exit(tmp_path: Path) -> None:
