@@ -151,35 +151,37 @@ async def connect(settings: Settings, *, wait_s: float | None = None) -> Bus:
     target = find_bus(settings)
     wait_s = bus_wait_s(settings, target) if wait_s is None else wait_s
     deadline = time.monotonic() + wait_s
-    said = False
-    while isinstance(got := await _connect_once(target, settings), str):
-        reason = got
-        refused = "the server says" in reason
-        if refused or time.monotonic() >= deadline:
+    waited = False
+    while True:
+        got = await _connect_once(target, settings)
+        if not isinstance(got, str):
+            return got
+        if "the server says" in got or time.monotonic() >= deadline:
             break
-        if not said:
+        if not waited:
             by = (f": its `primus-safe up` (pid {target.owner_pid}) restarts nats-server"
                   if target.owner_pid is not None else "")
-            print(f"primus-safe: the bus at {shown_url(target.url)} does not answer ({reason})"
+            print(f"primus-safe: the bus at {shown_url(target.url)} does not answer ({got})"
                   f"{by}; waiting up to {wait_s:g} s for it", file=sys.stderr, flush=True)
-            said = True
+            waited = True
         await asyncio.sleep(min(BUS_RETRY_S, max(0.0, deadline - time.monotonic())))
-    else:
-        return got
-    if refused:
-        fix = ("set PRIMUS_NATS_TOKEN (or PRIMUS_NATS_USER and PRIMUS_NATS_PASSWORD) to what "
-               "the server expects")
-    elif target.owner_pid is not None:
-        fix = (f"its `primus-safe up` (pid {target.owner_pid}) runs but its nats-server is not "
-               f"back: see its log in {Path(settings.state_dir).resolve() / 'logs'}")
-    elif target.where == "PRIMUS_NATS_URL":
-        fix = ("check that nats-server runs there (one that is restarting answers again within "
-               "seconds: set PRIMUS_CLI_BUS_WAIT_S to wait for it) or fix PRIMUS_NATS_URL")
-    else:
-        fix = "start the stack with `primus-safe up` or set PRIMUS_NATS_URL"
-    waited = f" for {wait_s:g} s" if said else ""
-    raise CliError(f"cannot reach the bus at {shown_url(target.url)}{waited} ({reason}); "
-                   f"looked at {target.where}; {fix}")
+    after = f" for {wait_s:g} s" if waited else ""
+    raise CliError(f"cannot reach the bus at {shown_url(target.url)}{after} ({got}); "
+                   f"looked at {target.where}; {unreachable_fix(target, got, settings.state_dir)}")
+
+
+def unreachable_fix(target: BusTarget, reason: str, state_dir: Path) -> str:
+    """What an operator can do about a bus the CLI cannot reach."""
+    if "the server says" in reason:
+        return ("set PRIMUS_NATS_TOKEN (or PRIMUS_NATS_USER and PRIMUS_NATS_PASSWORD) to what "
+                "the server expects")
+    if target.owner_pid is not None:
+        return (f"its `primus-safe up` (pid {target.owner_pid}) runs but its nats-server is not "
+                f"back: see its log in {Path(state_dir).resolve() / 'logs'}")
+    if target.where == "PRIMUS_NATS_URL":
+        return ("check that nats-server runs there (one that is restarting answers again within "
+                "seconds: set PRIMUS_CLI_BUS_WAIT_S to wait for it) or fix PRIMUS_NATS_URL")
+    return "start the stack with `primus-safe up` or set PRIMUS_NATS_URL"
 
 
 def bus_failure(exc: BaseException) -> str:
