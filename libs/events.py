@@ -734,15 +734,17 @@ class WorkerExitedData(Frozen):
     reason: str | None = Field(default=None, description="why, when the driver knows "
                                "(e.g. 'command not found: X', exit 127)")
     lost: bool = Field(default=False, description=(
-        "the driver found the worker gone with no exit recorded: it was killed while no "
-        "driver watched (the stack or its node stopped). The platform's loss, not the "
-        "job's: the scheduler runs the gang again as a new attempt without spending a "
-        "retry"))
+        "the platform ended the worker, not the job: it was killed while no driver "
+        "watched (the stack or its node stopped), or Kubernetes disrupted its pod (a "
+        "DisruptionTarget condition: a drain's eviction, node shutdown or pressure, the "
+        "taint manager). The scheduler runs the gang again as a new attempt without "
+        "spending a retry, whatever the exit code"))
     node_down: bool = Field(default=False, description=(
-        "the rank never started: the driver found its node down when it launched the "
-        "gang (the node died before failover had judged it). The platform's loss: no "
-        "retry is spent, and the scheduler keeps the next attempt off that node until "
-        "failover's verdict or a hold of 5 s (doubling) ends"))
+        "the rank never started because its node could not take it: the local driver "
+        "found the node down, or the kubelet rejected the pod at admission (the node died "
+        "or failed before failover had judged it). The platform's loss: no retry is "
+        "spent, and the scheduler keeps the next attempt off that node until failover's "
+        "verdict or a hold of 5 s (doubling) ends"))
 
 
 class WorkerExited(Event):

@@ -492,6 +492,13 @@ class WorkerPod:
     node: str
     started: bool
     exit_code: int | None
+    # Kubernetes ended it for reasons of its own (a DisruptionTarget
+    # condition: node shutdown or pressure, a drain's eviction, the taint
+    # manager, preemption): the platform's loss, whatever the exit code.
+    disrupted: str | None = None
+    # The kubelet refused it before its container started (admission: a
+    # node condition, a device the node no longer has): the node's fault.
+    rejected: str | None = None
 
     def gone(self) -> WorkerPod:
         """The same pod after it disappeared: ended, killed if it had not exited."""
@@ -508,6 +515,10 @@ def read_worker_pod(pod: Mapping[str, Any], *, deleted: bool = False) -> WorkerP
     terminated; 0 for a Succeeded pod without container details; and
     ``KILLED_EXIT_CODE`` for a pod that Failed or was deleted without a
     termination record (evicted, node lost, rejected by the kubelet).
+    ``disrupted``: the reason and message of a DisruptionTarget condition
+    (what a Job's podFailurePolicy ignores: the disruption is the cluster's,
+    not the workload's). ``rejected``: why a pod Failed before its container
+    ever started with no disruption named (the kubelet's admission).
     """
     meta = pod.get("metadata") or {}
     labels = meta.get("labels") or {}
@@ -533,7 +544,21 @@ def read_worker_pod(pod: Mapping[str, Any], *, deleted: bool = False) -> WorkerP
         exit_code = 0
     elif phase == "Failed":
         exit_code = KILLED_EXIT_CODE
+    disrupted = next((_said(c.get("reason") or "DisruptionTarget", c.get("message"))
+                      for c in status.get("conditions") or []
+                      if c.get("type") == "DisruptionTarget" and c.get("status") == "True"),
+                     None)
+    rejected = None
+    if phase == "Failed" and not started and terminated is None and not disrupted:
+        rejected = _said(status.get("reason") or "Failed", status.get("message"))
     view = WorkerPod(name=str(meta.get("name", "")), job=str(job), attempt=attempt, rank=rank,
                      node=str((pod.get("spec") or {}).get("nodeName") or ""),
-                     started=started, exit_code=exit_code)
+                     started=started, exit_code=exit_code, disrupted=disrupted,
+                     rejected=rejected)
     return view.gone() if deleted else view
+
+
+def _said(reason: str, message: str | None) -> str:
+    """A condition's or status's reason and message as one line."""
+    text = " ".join(str(message or "").split())
+    return f"{reason}: {text}" if text else reason

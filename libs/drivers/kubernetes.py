@@ -454,10 +454,16 @@ class KubernetesDriver:
                 id=f"{base}-started", source=self.source, job=view.job, node=view.node,
                 data=WorkerStartedData(attempt=view.attempt, rank=view.rank, pid=0)))
         if view.exit_code is not None:
+            # A disruption (drain, node shutdown or pressure) spends no
+            # retry; a rejection says the node could not take the pod, so
+            # the scheduler holds it out of placement for a while.
             await self._emit_once(WorkerExited(
                 id=f"{base}-exited", source=self.source, job=view.job, node=view.node,
                 data=WorkerExitedData(attempt=view.attempt, rank=view.rank,
-                                      exit_code=view.exit_code)))
+                                      exit_code=view.exit_code,
+                                      reason=view.disrupted or view.rejected,
+                                      lost=view.disrupted is not None,
+                                      node_down=view.rejected is not None)))
         if deleted:
             # The pod will not be seen again: forget it, keep memory bounded.
             self._known.pop(view.name, None)

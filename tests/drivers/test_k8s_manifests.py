@@ -260,6 +260,84 @@ def test_read_worker_pod(pod: dict[str, Any], deleted: bool,
     assert (view.started, view.exit_code) == expected
 
 
+# Pods Kubernetes itself ended or refused. The status shapes follow real
+# `kubectl get pod -o yaml` output shared in public ops write-ups: a pod on a
+# node that was rebooted under graceful node shutdown (phase Failed, reason
+# Terminated, a DisruptionTarget condition "TerminationByKubelet"); a pod
+# whose process exited 0 on that SIGTERM (phase Succeeded, same condition, an
+# ephemeral-storage eviction message); a kubelet eviction for memory pressure
+# (reason Evicted, no container record); a pod the kubelet refused at
+# admission ("Pod was rejected: The node had condition: [DiskPressure].", no
+# container ever created); and a drain's eviction (reason
+# EvictionByEvictionAPI, message "Eviction API: evicting"), as the
+# Kubernetes docs on pod disruption conditions list them.
+_SHUTDOWN = "Pod was terminated in response to imminent node shutdown."
+_STORAGE = ("The node was low on resource: ephemeral-storage. Threshold quantity:\n"
+            "      67007895757, available: 59739228Ki. ")
+
+
+def _disrupted(phase: str, reason: str, message: str, state: dict[str, Any] | None,
+               *, status_reason: str | None = None) -> dict[str, Any]:
+    pod = _pod(phase, state)
+    pod["status"]["conditions"] = [
+        {"type": "DisruptionTarget", "status": "True", "reason": reason, "message": message,
+         "lastTransitionTime": "2025-12-31T09:05:29Z"},
+        {"type": "Ready", "status": "False", "reason": "PodFailed"}]
+    if status_reason:
+        pod["status"] |= {"reason": status_reason, "message": message}
+    return pod
+
+
+_REJECTED = _pod("Failed")
+_REJECTED["status"] |= {"reason": "Evicted",
+                        "message": "Pod was rejected: The node had condition: [DiskPressure]."}
+_NOT_YET = _pod("Running", _RUN)
+_NOT_YET["status"]["conditions"] = [{"type": "DisruptionTarget", "status": "False"}]
+DISRUPTION_CASES = [
+    # (pod, deleted) -> (started, exit_code, disrupted, rejected)
+    ("node shutdown", _disrupted("Failed", "TerminationByKubelet", _SHUTDOWN, {
+        "terminated": {"exitCode": 2, "reason": "Error", "startedAt": "2025-12-31T07:43:57Z"}},
+        status_reason="Terminated"), False,
+     (True, 2, f"TerminationByKubelet: {_SHUTDOWN}", None)),
+    ("checkpointed and exited 0 on the kubelet's SIGTERM",
+     _disrupted("Succeeded", "TerminationByKubelet", _STORAGE, {
+         "terminated": {"exitCode": 0, "reason": "Completed",
+                        "startedAt": "2025-08-26T08:29:13Z"}}), False,
+     (True, 0, "TerminationByKubelet: The node was low on resource: ephemeral-storage. "
+               "Threshold quantity: 67007895757, available: 59739228Ki.", None)),
+    ("memory-pressure eviction, no container record",
+     _disrupted("Failed", "TerminationByKubelet", "The node was low on resource: memory.",
+                None, status_reason="Evicted"), False,
+     (False, KILLED_EXIT_CODE, "TerminationByKubelet: The node was low on resource: memory.",
+      None)),
+    ("a drain's eviction, then deleted", _disrupted(
+        "Running", "EvictionByEvictionAPI", "Eviction API: evicting", {
+            "terminated": {"exitCode": 143, "startedAt": "2025-01-01T00:00:00Z"}}), True,
+     (True, 143, "EvictionByEvictionAPI: Eviction API: evicting", None)),
+    ("taint manager deleted it while it ran", _disrupted(
+        "Running", "DeletionByTaintManager", "Taint manager: deleting due to NoExecute taint",
+        _RUN), True,
+     (True, KILLED_EXIT_CODE,
+      "DeletionByTaintManager: Taint manager: deleting due to NoExecute taint", None)),
+    ("rejected at admission", _REJECTED, False,
+     (False, KILLED_EXIT_CODE, None,
+      "Evicted: Pod was rejected: The node had condition: [DiskPressure].")),
+    ("a failed start is the job's own", _pod("Failed", _TERM_NOSTART), False,
+     (False, 128, None, None)),
+    ("a condition that is False is no disruption", _NOT_YET, False, (True, None, None, None)),
+]
+
+
+@pytest.mark.parametrize(("pod", "deleted", "expected"), [c[1:] for c in DISRUPTION_CASES],
+                         ids=[c[0] for c in DISRUPTION_CASES])
+def test_read_worker_pod_names_what_kubernetes_did(
+        pod: dict[str, Any], deleted: bool,
+        expected: tuple[bool, int | None, str | None, str | None]) -> None:
+    view = read_worker_pod(pod, deleted=deleted)
+    assert view is not None
+    assert (view.started, view.exit_code, view.disrupted, view.rejected) == expected
+
+
 @pytest.mark.parametrize("meta", [
     {"name": "p", "labels": {"app": "x"}},
     {**_META, "annotations": {}},
