@@ -6,8 +6,9 @@ the bench agent of one of the job's nodes (SIGTERM or SIGKILL, then
 restarted: its workers run on) and one of the other services (failover, the
 Lens collector, the bench coordinator or bootstrap, restarted); and an
 operator upgrades the platform (every service and agent stopped and started
-again at once), stops and resumes the job and drains one of its nodes
-through the real CLI. Afterwards the invariants in ``invariants`` must hold:
+again at once), stops and resumes the job, drains one of its nodes and,
+while nats-server is down, lists the jobs, through the real CLI (each
+command must succeed). Afterwards the invariants in ``invariants`` must hold:
 the job completes, the history table has every control event exactly once,
 no node is out of service without an open fault, no node is evacuated for
 its agent's restart, nothing is placed or run twice, no worker is placed on
@@ -332,6 +333,9 @@ async def _kill(bus: Bus, stack: EmbeddedStack, kill: Kill, job: str, record: di
         return f"{name} down for {kill.down_s} s"
     assert stack.nats is not None
     stack.nats.kill()
+    # An operator looks at the jobs meanwhile: the CLI waits for the bus
+    # its stack is restarting rather than failing.
+    struck.command("a look at the jobs while nats-server was down", _look(stack, job))
     await asyncio.sleep(kill.down_s)
     await asyncio.to_thread(stack.restart_nats)
     return f"nats-server down for {kill.down_s} s"
@@ -359,6 +363,18 @@ async def _operator(stack: EmbeddedStack, *args: str) -> str | None:
         raise AssertionError(f"primus-safe {' '.join(args)} exited {done.returncode}: "
                              f"{done.stderr.strip() or done.stdout.strip()}")
     return json.loads(done.stdout)["message"]
+
+
+async def _look(stack: EmbeddedStack, job: str) -> str:
+    """``primus-safe jobs`` through the real CLI; what it saw of the job."""
+    done = await asyncio.to_thread(run_cli, "jobs", "--json", env=stack_cli_env(stack.state_dir),
+                                   timeout=90)
+    if done.returncode != 0:
+        raise AssertionError(f"primus-safe jobs exited {done.returncode}: "
+                             f"{done.stderr.strip() or done.stdout.strip()}")
+    status = {r["job"]: r["status"] for r in json.loads(done.stdout)}.get(job)
+    waited = "it waited for the bus" if "waiting up to" in done.stderr else "no wait"
+    return f"{waited}; job {job} {status}"
 
 
 async def _check(bus: Bus, stack: EmbeddedStack, job: str, final: dict[str, Any],
