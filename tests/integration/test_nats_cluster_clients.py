@@ -174,8 +174,12 @@ async def test_a_bucket_asked_for_without_a_quorum_is_handed_over_when_the_quoru
         for server in others:
             await asyncio.to_thread(server.start)
         jobs = await asyncio.wait_for(asked, 60)
+        # The members still settle after they answer (a 503 "JetStream
+        # system temporarily unavailable" can come between two requests):
+        # the write and the read are each asked again until they answer.
         await until(lambda: jobs.put("j1", b"{}"), "a write to the bucket", 30)
-        assert (await jobs.get("j1")).value == b"{}"
+        entry = await until(lambda: jobs.get("j1"), "a read of the bucket", 30)
+        assert entry.value == b"{}"
     finally:
         await bus.close()
 
