@@ -285,7 +285,8 @@ class Scheduler:
                     # Keep the next placements off the dead node until
                     # failover judges it (before the lifecycle requeues).
                     self.state.holds = node_holds.refused(
-                        self.state.holds, event.node, time.time(), event.data.reason or "")
+                        self.state.holds, event.node, time.time(), event.data.reason or "",
+                        self.limits)
                     self._log.warning("node held out of placement: a rank could not start "
                                       "there", node=event.node, job=job.id,
                                       until=self.state.holds[event.node].until)
@@ -678,9 +679,8 @@ class Scheduler:
         leadership = self.election.describe() if self.election is not None else {}
         # Nodes kept out of placement because a driver found them down:
         # `primus-safe health scheduler` says which and until when.
-        held_now = node_holds.held(self.state.holds, time.time())
         held = {n: {"until": round(h.until, 3), "reason": h.reason}
-                for n, h in self.state.holds.items() if n in held_now}
+                for n, h in node_holds.active(self.state.holds, time.time()).items()}
         return {"cycles": self.cycles, "last_cycle_ms": self.last_cycle_ms, "jobs": counts,
                 "nodes_ready": ready, "nodes_held": held, **leadership}
 
